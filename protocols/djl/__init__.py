@@ -1,0 +1,1 @@
+"""DJL Serving / SageMaker LMI invocations and adapter management."""

@@ -1,0 +1,1 @@
+"""Triton / KServe v2 (Open Inference Protocol) with Triton's generate extension."""

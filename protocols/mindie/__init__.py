@@ -1,0 +1,1 @@
+"""Huawei MindIE's native inference API."""

@@ -1,0 +1,1 @@
+"""OpenAI API as vLLM serves it (with vLLM's extensions)."""

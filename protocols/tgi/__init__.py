@@ -1,0 +1,1 @@
+"""Hugging Face TGI's native API."""

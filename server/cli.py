@@ -1,0 +1,93 @@
+"""Command line: argv + environment → Settings → serve(). The only reader of os.environ."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from server.engines import create_engine
+from server.logs import configure_logging
+from server.runtime import serve
+from server.settings import SettingsError, load_settings, redacted
+
+logger = logging.getLogger("gateway")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="llm-gateway", description=__doc__)
+    parser.add_argument("--config", type=Path, default=None, help="config.json (MindIE names)")
+    parser.add_argument("--properties", type=Path, default=None, help="DJL serving.properties")
+    parser.add_argument("--engine", choices=["vllm", "fake"], default=None)
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+        help="override one setting, e.g. --set ServerConfig.port=8000",
+    )
+    return parser.parse_args(argv)
+
+
+def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
+    layer: dict[str, Any] = {}
+    if args.engine:
+        layer["engine"] = args.engine
+    for item in args.set:
+        key, _, value = item.partition("=")
+        node = layer
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = _scalar(value)
+    return layer
+
+
+def _scalar(value: str) -> Any:
+    import json
+
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def engine_environment(kv_cache_gib: int) -> dict[str, str]:
+    """vLLM reads these at import; defaults suited to CPU hosts, never overriding the operator."""
+    return {
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        "VLLM_HOST_IP": "127.0.0.1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_DO_NOT_TRACK": "1",
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    config_path = args.config
+    if config_path is None and os.environ.get("GATEWAY_CONFIG"):
+        config_path = Path(os.environ["GATEWAY_CONFIG"])
+    try:
+        loaded = load_settings(
+            config_path=config_path, properties_path=args.properties, environ=os.environ,
+            cli=cli_layer(args),
+        )
+    except SettingsError as exc:
+        print(f"llm-gateway: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    settings = loaded.settings
+    configure_logging(settings.LoggingConfig)
+    for key, value in engine_environment(settings.ModelConfig.kvCacheSpaceGiB).items():
+        os.environ.setdefault(key, value)
+    logger.info("settings: %s", redacted(settings))
+    logger.info("set from sources: %s", loaded.provenance)
+    try:
+        return uvloop.run(serve(settings, create_engine))
+    except SettingsError as exc:
+        print(f"llm-gateway: configuration error:\n{exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,56 @@
+"""The Engine port: the small interface every engine implements (vLLM, fake).
+
+Contract, checked by tests/unit/test_engine_contract.py:
+1. `generate` yields `Started`, then `Delta*` and exactly one `ChoiceEnd` per choice, then one `Done`.
+   Token counts in `Done.usage` match what was yielded.
+2. Only `GatewayError` subclasses escape; engines translate their own exceptions.
+3. Closing the iterator (or `abort(engine_request_id)`) ends generation promptly and frees the slot.
+4. `generate` never receives an adapter that `add_adapter` has not accepted; `add_adapter` must
+   refuse bad adapters with `AdapterInvalid` without harming the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from server.core.types import (
+    AdapterHandle,
+    ChatPrompt,
+    EngineInfo,
+    EngineStats,
+    GenerationEvent,
+    GenerationRequest,
+)
+
+
+class Engine(Protocol):
+    def generate(
+        self, request: GenerationRequest, engine_request_id: str, adapter: AdapterHandle | None
+    ) -> AsyncIterator[GenerationEvent]: ...
+
+    async def abort(self, engine_request_id: str) -> None: ...
+
+    async def check_health(self) -> None:
+        """Raise `ServiceUnavailable` if the engine cannot serve."""
+
+    async def add_adapter(self, adapter: AdapterHandle) -> None:
+        """Load the adapter into the engine (CPU cache). Raise `AdapterInvalid` if it cannot."""
+
+    async def remove_adapter(self, adapter: AdapterHandle) -> None: ...
+
+    async def pin_adapter(self, adapter: AdapterHandle) -> None: ...
+
+    async def resident_adapters(self) -> set[int]:
+        """Integer ids of the adapters the engine holds now (engine slots or CPU cache)."""
+
+    async def tokenize(self, text: str | ChatPrompt, *, add_special_tokens: bool) -> list[int]: ...
+
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        """Text of each token id on its own (for TGI /tokenize and MindIE /v1/tokenizer)."""
+
+    def info(self) -> EngineInfo: ...
+
+    def stats(self) -> EngineStats: ...
+
+    async def shutdown(self) -> None: ...

@@ -1,0 +1,78 @@
+"""The one lifecycle every health route reads: state, role and the in-flight count."""
+
+from __future__ import annotations
+
+import asyncio
+from enum import StrEnum
+
+
+class State(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class Role(StrEnum):
+    """MindIE instance roles. `flex` (default) serves both prefill and decode."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FLEX = "flex"
+
+
+class Lifecycle:
+    def __init__(self, *, role: Role = Role.FLEX) -> None:
+        self.state = State.STARTING
+        self.role = role
+        self.failure: str | None = None
+        self.inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def accepting(self) -> bool:
+        return self.state is State.READY
+
+    @property
+    def live(self) -> bool:
+        return self.state is not State.FAILED
+
+    def ready(self) -> None:
+        if self.state is State.STARTING:
+            self.state = State.READY
+
+    def fail(self, reason: str) -> None:
+        self.failure = reason
+        self.state = State.FAILED
+
+    def begin_drain(self) -> bool:
+        """Stop admitting. Returns False if a drain or stop was already under way."""
+        if self.state in (State.DRAINING, State.STOPPED):
+            return False
+        if self.state is not State.FAILED:
+            self.state = State.DRAINING
+        return True
+
+    def stopped(self) -> None:
+        if self.state is not State.FAILED:
+            self.state = State.STOPPED
+
+    def enter(self) -> None:
+        self.inflight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.inflight -= 1
+        if self.inflight <= 0:
+            self.inflight = 0
+            self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight. Returns False on timeout."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True

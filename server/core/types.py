@@ -1,0 +1,217 @@
+"""Protocol-neutral generation types: the one request every protocol becomes, and the events back.
+
+Imports nothing from this project and nothing outside the standard library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sampling:
+    """Sampling knobs, already validated by the protocol that produced them.
+
+    `max_new_tokens=None` means "as many as the context allows" (vLLM chat default).
+    """
+
+    max_new_tokens: int | None = None
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    n: int = 1
+    best_of: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] = ()
+    truncate_prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputOptions:
+    """What the client wants back besides text."""
+
+    logprobs: int | None = None  # top-N alternatives per generated token; None = off, 0 = sampled only
+    prompt_logprobs: int | None = None  # same for prompt tokens (TGI decoder_input_details)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextPrompt:
+    text: str
+    add_special_tokens: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatPrompt:
+    messages: tuple[ChatMessage, ...]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: tuple[tuple[str, str | int | float | bool | None], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenPrompt:
+    token_ids: tuple[int, ...]
+
+
+Prompt = TextPrompt | ChatPrompt | TokenPrompt
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationRequest:
+    """One generation, whatever protocol asked for it.
+
+    `request_id` is the id the client sees (X-Request-Id, Triton/MindIE `id`); the service
+    derives a unique engine id from it. `model` is the name the client asked for: the base
+    model's served name, an adapter name, or "" for the base model. `adapter` is set by the
+    service after resolution, never by translators.
+    """
+
+    request_id: str
+    model: str
+    prompt: Prompt
+    sampling: Sampling
+    output: OutputOptions = field(default_factory=OutputOptions)
+    stream: bool = False
+    protocol: str = "unknown"  # metrics/log label only, never branched on
+    adapter: str | None = None
+    priority: int = 0
+    timeout_s: float | None = None
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # EOS, stop string or stop token; see ChoiceEnd.matched_stop
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopLogprob:
+    token_id: int
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Started:
+    """First event of every stream: what the engine made of the prompt."""
+
+    prompt_token_ids: tuple[int, ...]
+    prompt_text: str | None = None
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delta:
+    """New output for one choice. `text` may be "" while a multi-byte character is incomplete."""
+
+    choice: int
+    text: str
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChoiceEnd:
+    """The end of one choice. `matched_stop` is the stop string or token id that ended it (None = EOS)."""
+
+    choice: int
+    reason: FinishReason
+    matched_stop: str | int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Done:
+    usage: Usage
+
+
+GenerationEvent = Started | Delta | ChoiceEnd | Done
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Choice:
+    index: int
+    text: str
+    finish_reason: FinishReason
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+    matched_stop: str | int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationResult:
+    request_id: str
+    model: str
+    prompt: Started
+    choices: tuple[Choice, ...]
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdapterHandle:
+    """What the engine needs to run a LoRA adapter. `int_id` is stable for the name's lifetime."""
+
+    name: str
+    int_id: int
+    path: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineInfo:
+    model_name: str  # served name of the base model
+    model_path: str
+    max_model_len: int
+    vocab_size: int
+    dtype: str
+    version: str
+    max_lora_rank: int
+    max_loras: int
+    max_cpu_loras: int
+    max_num_seqs: int
+    block_size: int
+    eos_token_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineStats:
+    running: int
+    waiting: int
+    total_blocks: int
+    free_blocks: int

@@ -1,0 +1,176 @@
+"""The process: listeners up first (health says "starting"), then the engine, then READY.
+
+One event loop runs one uvicorn server per distinct address; the gateway owns the signals, so
+SIGTERM, SIGINT and GET /stopService all take the same drain path: stop admitting, let in-flight
+requests finish (bounded by drainTimeout, then abort them with an in-band error), shut the engine
+down, close the listeners, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass
+
+import uvicorn
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server.core.engine import Engine
+from server.core.errors import ServiceUnavailable
+from server.core.lifecycle import Lifecycle
+from server.gateway import Gateway, build_gateway, listener_app, register_startup_adapters
+from server.settings import Settings
+from server.tls import build_context, check_bind_address, tls_files
+
+logger = logging.getLogger("gateway")
+EngineFactory = Callable[[Settings], Awaitable[Engine]]
+Hook = Callable[[Gateway], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Listener:
+    host: str
+    port: int
+    roles: tuple[str, ...]
+    tls_listener: str  # whose TLS settings apply
+
+
+def plan_listeners(settings: Settings) -> list[Listener]:
+    """Data, management and metrics listeners; those on the same address are merged."""
+    server = settings.ServerConfig
+    wanted = [
+        ("data", server.ipAddress, server.port),
+        ("management", server.managementIpAddress or server.ipAddress, server.managementPort),
+        ("metrics", server.metricsIpAddress or server.managementIpAddress or server.ipAddress,
+         server.metricsPort),
+    ]
+    merged: dict[tuple[str, int], list[str]] = {}
+    for role, host, port in wanted:
+        merged.setdefault((host, port), []).append(role)
+    return [
+        Listener(host=host, port=port, roles=tuple(roles), tls_listener=roles[0])
+        for (host, port), roles in merged.items()
+    ]
+
+
+class SwappableApp:
+    """Answers 503 while the engine starts, then delegates to the real app."""
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self.lifecycle = lifecycle
+        self.app: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.app is not None:
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        response: Response = JSONResponse(
+            {"error": f"The service is {self.lifecycle.state.value}.",
+             "error_type": "Service Unavailable"},
+            status_code=503, headers={"Retry-After": "5"},
+        )
+        await response(scope, receive, send)
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the gateway owns signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def uvicorn_config(app: ASGIApp, listener: Listener, settings: Settings) -> uvicorn.Config:
+    files = tls_files(settings, listener.tls_listener)
+    check_bind_address(settings.ServerConfig, listener.host, files is not None)
+    config = uvicorn.Config(
+        app, host=listener.host, port=listener.port, loop="uvloop", http="httptools",
+        lifespan="off", access_log=settings.LoggingConfig.accessLog, log_config=None,
+        timeout_keep_alive=int(settings.ServerConfig.keepAliveTimeout),
+        timeout_graceful_shutdown=int(settings.LimitsConfig.drainTimeout) + 5,
+        limit_concurrency=settings.ServerConfig.maxLinkNum * 3 + 1,
+        server_header=False,
+    )
+    config.load()
+    if files is not None:
+        config.ssl = build_context(files)
+    return config
+
+
+async def serve(
+    settings: Settings, engine_factory: EngineFactory, *, on_gateway: Hook | None = None
+) -> int:
+    """Run until stopped. Returns the process exit code."""
+    lifecycle = Lifecycle()
+    listeners = plan_listeners(settings)
+    holders = [SwappableApp(lifecycle) for _ in listeners]
+    servers = [GatewayServer(uvicorn_config(h, ln, settings)) for h, ln in zip(holders, listeners, strict=True)]
+    tasks = [asyncio.create_task(s.serve()) for s in servers]
+    stop = asyncio.Event()
+    _install_signals(stop)
+    try:
+        engine = await _start_engine(settings, engine_factory, stop)
+    except Exception as exc:
+        logger.exception("engine failed to start")
+        lifecycle.fail(str(exc))
+        await _close_servers(servers, tasks)
+        return 1
+    if engine is None:
+        await _close_servers(servers, tasks)
+        return 0
+    gateway = build_gateway(settings, engine, lifecycle=lifecycle)
+    gateway.stop_requested = stop
+    if on_gateway is not None:
+        on_gateway(gateway)
+    await register_startup_adapters(gateway)
+    for holder, listener in zip(holders, listeners, strict=True):
+        holder.app = listener_app(gateway, listener.roles)
+    lifecycle.ready()
+    logger.info("ready: %s", ", ".join(f"{ln.host}:{ln.port} {'+'.join(ln.roles)}" for ln in listeners))
+    await stop.wait()
+    await drain(gateway)
+    await _close_servers(servers, tasks)
+    await engine.shutdown()
+    lifecycle.stopped()
+    return 0
+
+
+async def drain(gateway: Gateway) -> None:
+    """Stop admitting, wait for in-flight requests, abort the rest with an in-band error."""
+    gateway.lifecycle.begin_drain()
+    timeout = gateway.settings.LimitsConfig.drainTimeout
+    if not await gateway.lifecycle.wait_idle(timeout):
+        aborted = gateway.service.abort_all(ServiceUnavailable("The server is shutting down."))
+        logger.warning("drain timeout (%ss): aborted %d requests", timeout, aborted)
+        await gateway.lifecycle.wait_idle(5.0)
+
+
+async def _start_engine(
+    settings: Settings, engine_factory: EngineFactory, stop: asyncio.Event
+) -> Engine | None:
+    start = asyncio.create_task(engine_factory(settings))
+    stopped = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if start in done:
+        stopped.cancel()
+        return start.result()
+    start.cancel()
+    return None
+
+
+async def _close_servers(servers: list[GatewayServer], tasks: list[asyncio.Task[None]]) -> None:
+    for server in servers:
+        server.should_exit = True
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _install_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
