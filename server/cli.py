@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
@@ -27,7 +26,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--properties", type=Path, default=None, help="DJL serving.properties")
     parser.add_argument("--engine", choices=["vllm", "fake"], default=None)
     parser.add_argument(
-        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
         help="override one setting, e.g. --set ServerConfig.port=8000",
     )
     return parser.parse_args(argv)
@@ -74,11 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         config_path = Path(os.environ["GATEWAY_CONFIG"])
     try:
         loaded = load_settings(
-            config_path=config_path, properties_path=args.properties, environ=os.environ,
+            config_path=config_path,
+            properties_path=args.properties,
+            environ=os.environ,
             cli=cli_layer(args),
         )
     except SettingsError as exc:
-        print(f"llm-gateway: configuration error:\n{exc}", file=sys.stderr)
+        sys.stderr.write(f"llm-gateway: configuration error:\n{exc}\n")
         return 2
     settings = loaded.settings
     configure_logging(settings.LoggingConfig)
@@ -89,5 +93,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return uvloop.run(serve(settings, create_engine))
     except SettingsError as exc:
-        print(f"llm-gateway: configuration error:\n{exc}", file=sys.stderr)
+        sys.stderr.write(f"llm-gateway: configuration error:\n{exc}\n")
         return 2

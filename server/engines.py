@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from server.core.engine import Engine
-from server.settings import Settings, resolve_path
+from server.settings import Settings, SettingsError, resolve_path
+
+if TYPE_CHECKING:
+    from server.engine.fake import FakeScript
+
+# ModelConfig.engineOptions the fake engine understands (FakeScript fields), for tests and benches.
+FAKE_OPTIONS = frozenset({"token_delay_s", "fail_after", "hang_after", "dead_flag_path"})
 
 
 async def create_engine(settings: Settings) -> Engine:
     if settings.engine == "fake":
         from server.engine.fake import FakeEngine
 
-        return FakeEngine(model_name=settings.ModelConfig.modelName)
-    from server.engine.vllm_engine import VllmEngine, VllmEngineOptions
+        script = fake_script(settings.ModelConfig.engineOptions)
+        return FakeEngine(script, model_name=settings.ModelConfig.modelName)
+    from server.engine.vllm_engine import VllmEngineOptions, create
 
     model, lora = settings.ModelConfig, settings.LoraConfig
     options = VllmEngineOptions(
@@ -33,4 +42,17 @@ async def create_engine(settings: Settings) -> Engine:
         distributed_executor_backend=model.distributedExecutorBackend,
         extra=dict(model.engineOptions),
     )
-    return await VllmEngine.create(options)
+    return await create(options)
+
+
+def fake_script(options: dict[str, Any]) -> FakeScript:
+    """The fake engine's script from `ModelConfig.engineOptions` (e.g. a per-token delay)."""
+    from server.engine.fake import FakeScript
+
+    unknown = sorted(set(options) - FAKE_OPTIONS)
+    if unknown:
+        raise SettingsError(
+            f"ModelConfig.engineOptions: {unknown} are not fake-engine options. "
+            f"Fix: use only {sorted(FAKE_OPTIONS)} with engine=fake"
+        )
+    return FakeScript(**options)

@@ -62,17 +62,28 @@ def build_gateway(
     lifecycle = lifecycle or Lifecycle()
     info = engine.info()
     model = settings.ModelConfig
-    base_names = [model.modelName, *([info.model_name] if info.model_name != model.modelName else [])]
-    adapters = AdapterRegistry(engine=engine, rules=adapter_rules(settings, base_names), limits=(
-        AdapterLimits(
-            enabled=settings.LoraConfig.enabled,
-            max_loras=settings.LoraConfig.maxLoras,
-            max_cpu_loras=settings.LoraConfig.maxCpuLoras or settings.LoraConfig.maxLoras,
-        )
-    ))
+    base_names = [
+        model.modelName,
+        *([info.model_name] if info.model_name != model.modelName else []),
+    ]
+    adapters = AdapterRegistry(
+        engine=engine,
+        rules=adapter_rules(settings, base_names),
+        limits=(
+            AdapterLimits(
+                enabled=settings.LoraConfig.enabled,
+                max_loras=settings.LoraConfig.maxLoras,
+                max_cpu_loras=settings.LoraConfig.maxCpuLoras or settings.LoraConfig.maxLoras,
+            )
+        ),
+    )
     service = InferenceService(
-        engine=engine, adapters=adapters, lifecycle=lifecycle, limits=service_limits(settings),
-        base_names=base_names, observer=observer,
+        engine=engine,
+        adapters=adapters,
+        lifecycle=lifecycle,
+        limits=service_limits(settings),
+        base_names=base_names,
+        observer=observer,
     )
     context = ProtocolContext(
         service=service,
@@ -83,8 +94,12 @@ def build_gateway(
         allow_runtime_lora=settings.LoraConfig.enabled and settings.LoraConfig.allowRuntimeUpdates,
     )
     return Gateway(
-        settings=settings, engine=engine, lifecycle=lifecycle, adapters=adapters,
-        service=service, context=context,
+        settings=settings,
+        engine=engine,
+        lifecycle=lifecycle,
+        adapters=adapters,
+        service=service,
+        context=context,
     )
 
 
@@ -95,7 +110,9 @@ def adapter_rules(settings: Settings, base_names: list[str]) -> AdapterRules:
         roots.append(resolve_path(settings, lora.adapterDir))
     model_path = resolve_path(settings, settings.ModelConfig.modelWeightPath)
     return AdapterRules(
-        roots=tuple(roots), max_rank=lora.maxLoraRank, base_names=frozenset(base_names),
+        roots=tuple(roots),
+        max_rank=lora.maxLoraRank,
+        base_names=frozenset(base_names),
         base_shape=BaseModelShape.from_model_dir(model_path),
     )
 
@@ -103,16 +120,20 @@ def adapter_rules(settings: Settings, base_names: list[str]) -> AdapterRules:
 def service_limits(settings: Settings) -> Limits:
     limits = settings.LimitsConfig
     return Limits(
-        max_concurrent=limits.maxConcurrentRequests, max_queue=limits.maxQueue,
-        queue_timeout_s=limits.queueTimeout, request_timeout_s=limits.requestTimeout,
+        max_concurrent=limits.maxConcurrentRequests,
+        max_queue=limits.maxQueue,
+        queue_timeout_s=limits.queueTimeout,
+        request_timeout_s=limits.requestTimeout,
     )
 
 
 def request_bounds(settings: Settings) -> RequestBounds:
     limits = settings.LimitsConfig
     return RequestBounds(
-        max_n=limits.maxN, max_best_of=limits.maxBestOf,
-        max_stop_sequences=limits.maxStopSequences, max_logprobs=limits.maxLogprobs,
+        max_n=limits.maxN,
+        max_best_of=limits.maxBestOf,
+        max_stop_sequences=limits.maxStopSequences,
+        max_logprobs=limits.maxLogprobs,
         max_prompts=limits.maxPromptsPerRequest,
     )
 
@@ -122,17 +143,26 @@ async def register_startup_adapters(gateway: Gateway) -> None:
     lora = gateway.settings.LoraConfig
     if not lora.enabled:
         return
-    entries: list[tuple[str, str, bool, bool]] = []
-    if lora.adapterDir:
-        folder = Path(resolve_path(gateway.settings, lora.adapterDir))
-        if folder.is_dir():
-            entries += [(d.name, str(d), True, False) for d in sorted(folder.iterdir()) if d.is_dir()]
-    entries += [(a.name, resolve_path(gateway.settings, a.path), a.preload, a.pin) for a in lora.adapters]
+    entries = startup_adapter_entries(gateway.settings)
     for name, src, preload, pin in entries:
         try:
             await gateway.adapters.register(name, src, preload=preload, pin=pin)
         except Exception as exc:  # one bad adapter must not stop the server
             logger.error("adapter %s from %s not registered: %s", name, src, exc)
+
+
+def startup_adapter_entries(settings: Settings) -> list[tuple[str, str, bool, bool]]:
+    """(name, src, preload, pin) for every sub-directory of adapterDir, then the config list."""
+    lora = settings.LoraConfig
+    entries: list[tuple[str, str, bool, bool]] = []
+    if lora.adapterDir:
+        folder = Path(resolve_path(settings, lora.adapterDir))
+        if folder.is_dir():
+            entries += [
+                (d.name, str(d), True, False) for d in sorted(folder.iterdir()) if d.is_dir()
+            ]
+    entries += [(a.name, resolve_path(settings, a.path), a.preload, a.pin) for a in lora.adapters]
+    return entries
 
 
 def shared_routes(ctx: ProtocolContext) -> list[BaseRoute]:
@@ -142,13 +172,20 @@ def shared_routes(ctx: ProtocolContext) -> list[BaseRoute]:
         [(has_key("prompt"), mindie.vllm_generate(ctx))], tgi.generate(ctx), max_bytes=limit
     )
     invocations = body_dispatch(
-        [(has_key("messages"), openai_v1.chat_completions(ctx)),
-         (has_key("prompt"), openai_v1.completions(ctx))],
-        djl.invocations(ctx), max_bytes=limit,
+        [
+            (has_key("messages"), openai_v1.chat_completions(ctx)),
+            (has_key("prompt"), openai_v1.completions(ctx)),
+        ],
+        djl.invocations(ctx),
+        max_bytes=limit,
     )
     tokenize = body_dispatch(
-        [(has_key("prompt"), openai_v1.tokenize(ctx)), (has_key("messages"), openai_v1.tokenize(ctx))],
-        tgi.tokenize(ctx), max_bytes=limit,
+        [
+            (has_key("prompt"), openai_v1.tokenize(ctx)),
+            (has_key("messages"), openai_v1.tokenize(ctx)),
+        ],
+        tgi.tokenize(ctx),
+        max_bytes=limit,
     )
     return [
         Route("/generate", generate, methods=["POST"]),

@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 from starlette.responses import JSONResponse, Response
@@ -27,7 +28,7 @@ from server.settings import Settings
 from server.tls import build_context, check_bind_address, tls_files
 
 logger = logging.getLogger("gateway")
-EngineFactory = Callable[[Settings], Awaitable[Engine]]
+EngineFactory = Callable[[Settings], Coroutine[Any, Any, Engine]]
 Hook = Callable[[Gateway], None]
 
 
@@ -45,8 +46,11 @@ def plan_listeners(settings: Settings) -> list[Listener]:
     wanted = [
         ("data", server.ipAddress, server.port),
         ("management", server.managementIpAddress or server.ipAddress, server.managementPort),
-        ("metrics", server.metricsIpAddress or server.managementIpAddress or server.ipAddress,
-         server.metricsPort),
+        (
+            "metrics",
+            server.metricsIpAddress or server.managementIpAddress or server.ipAddress,
+            server.metricsPort,
+        ),
     ]
     merged: dict[tuple[str, int], list[str]] = {}
     for role, host, port in wanted:
@@ -71,9 +75,12 @@ class SwappableApp:
         if scope["type"] != "http":
             return
         response: Response = JSONResponse(
-            {"error": f"The service is {self.lifecycle.state.value}.",
-             "error_type": "Service Unavailable"},
-            status_code=503, headers={"Retry-After": "5"},
+            {
+                "error": f"The service is {self.lifecycle.state.value}.",
+                "error_type": "Service Unavailable",
+            },
+            status_code=503,
+            headers={"Retry-After": "5"},
         )
         await response(scope, receive, send)
 
@@ -90,8 +97,14 @@ def uvicorn_config(app: ASGIApp, listener: Listener, settings: Settings) -> uvic
     files = tls_files(settings, listener.tls_listener)
     check_bind_address(settings.ServerConfig, listener.host, files is not None)
     config = uvicorn.Config(
-        app, host=listener.host, port=listener.port, loop="uvloop", http="httptools",
-        lifespan="off", access_log=settings.LoggingConfig.accessLog, log_config=None,
+        app,
+        host=listener.host,
+        port=listener.port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="off",
+        access_log=settings.LoggingConfig.accessLog,
+        log_config=None,
         timeout_keep_alive=int(settings.ServerConfig.keepAliveTimeout),
         timeout_graceful_shutdown=int(settings.LimitsConfig.drainTimeout) + 5,
         limit_concurrency=settings.ServerConfig.maxLinkNum * 3 + 1,
@@ -110,7 +123,10 @@ async def serve(
     lifecycle = Lifecycle()
     listeners = plan_listeners(settings)
     holders = [SwappableApp(lifecycle) for _ in listeners]
-    servers = [GatewayServer(uvicorn_config(h, ln, settings)) for h, ln in zip(holders, listeners, strict=True)]
+    servers = [
+        GatewayServer(uvicorn_config(h, ln, settings))
+        for h, ln in zip(holders, listeners, strict=True)
+    ]
     tasks = [asyncio.create_task(s.serve()) for s in servers]
     stop = asyncio.Event()
     _install_signals(stop)
@@ -132,7 +148,9 @@ async def serve(
     for holder, listener in zip(holders, listeners, strict=True):
         holder.app = listener_app(gateway, listener.roles)
     lifecycle.ready()
-    logger.info("ready: %s", ", ".join(f"{ln.host}:{ln.port} {'+'.join(ln.roles)}" for ln in listeners))
+    logger.info(
+        "ready: %s", ", ".join(f"{ln.host}:{ln.port} {'+'.join(ln.roles)}" for ln in listeners)
+    )
     await stop.wait()
     await drain(gateway)
     await _close_servers(servers, tasks)
@@ -159,7 +177,8 @@ async def _start_engine(
     done, _ = await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
     if start in done:
         stopped.cancel()
-        return start.result()
+        engine: Engine = start.result()
+        return engine
     start.cancel()
     return None
 

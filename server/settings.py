@@ -107,7 +107,8 @@ class LimitsSection(_Section):
     maxQueue: int = Field(512, ge=0)
     queueTimeout: float = Field(60.0, gt=0)
     requestTimeout: float = Field(600.0, gt=0)
-    drainTimeout: float = Field(30.0, ge=0)
+    drainTimeout: float = Field(30.0, ge=0)  # seconds in-flight requests get on stop
+    engineCheckInterval: float = Field(5.0, ge=0)  # engine liveness poll; 0 = off
     maxN: int = Field(16, ge=1)
     maxBestOf: int = Field(16, ge=1)
     maxStopSequences: int = Field(16, ge=1)
@@ -165,7 +166,9 @@ DJL_OPTIONS: dict[str, tuple[str, str]] = {
     "seed": ("ModelConfig", "seed"),
     "distributed_executor_backend": ("ModelConfig", "distributedExecutorBackend"),
 }
-SECRET_KEYS = frozenset({"tlsPkPwd", "managementTlsPkPwd", "metricsTlsPkPwd", "apiKeys", "adminKeys"})
+SECRET_KEYS = frozenset(
+    {"tlsPkPwd", "managementTlsPkPwd", "metricsTlsPkPwd", "apiKeys", "adminKeys"}
+)
 
 
 def load_settings(
@@ -201,7 +204,9 @@ def read_json(path: Path | None) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
-        raise SettingsError(f"{path}: cannot read: {exc.strerror}. Fix: pass --config PATH") from None
+        raise SettingsError(
+            f"{path}: cannot read: {exc.strerror}. Fix: pass --config PATH"
+        ) from None
     except ValueError as exc:
         raise SettingsError(f"{path}: not valid JSON: {exc}. Fix: correct the syntax") from None
     if not isinstance(data, dict):
@@ -260,7 +265,11 @@ def _match_case(path: list[str]) -> list[str]:
         name = next((f for f in fields if f.lower() == part.lower()), part)
         out.append(name)
         annotation = fields[name].annotation if name in fields else None
-        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        model = (
+            annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel)
+            else None
+        )
     return out
 
 
@@ -282,12 +291,19 @@ def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
 
 
 def _merge(
-    tree: dict[str, Any], layer: Mapping[str, Any], source: str, provenance: dict[str, str],
+    tree: dict[str, Any],
+    layer: Mapping[str, Any],
+    source: str,
+    provenance: dict[str, str],
     prefix: str,
 ) -> None:
     for key, value in layer.items():
         path = f"{prefix}{key}"
-        if isinstance(value, dict) and key != "engineOptions" and isinstance(tree.get(key, {}), dict):
+        if (
+            isinstance(value, dict)
+            and key != "engineOptions"
+            and isinstance(tree.get(key, {}), dict)
+        ):
             _merge(tree.setdefault(key, {}), value, source, provenance, prefix=f"{path}.")
         else:
             tree[key] = value
@@ -314,7 +330,8 @@ def _hint(error_type: str) -> str:
 
 def redacted(settings: Settings) -> dict[str, Any]:
     """The settings as a dict with secrets replaced, for logs and /v1/config."""
-    return _redact(settings.model_dump())
+    cleaned: dict[str, Any] = _redact(settings.model_dump())
+    return cleaned
 
 
 def _redact(node: Any) -> Any:

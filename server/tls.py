@@ -80,7 +80,10 @@ def build_context(files: TlsFiles) -> ssl.SSLContext:
 
 
 def _require_files(files: TlsFiles) -> None:
-    named = [("tlsCaFile", f) for f in files.ca_files] + [("tlsCert", files.cert), ("tlsPk", files.key)]
+    named = [("tlsCaFile", f) for f in files.ca_files] + [
+        ("tlsCert", files.cert),
+        ("tlsPk", files.key),
+    ]
     named += [("tlsCrlFiles", f) for f in files.crl_files]
     if files.key_password_file:
         named.append(("tlsPkPwd", files.key_password_file))

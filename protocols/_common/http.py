@@ -43,9 +43,7 @@ async def read_json(request: Request, max_bytes: int, *, strict_content_type: bo
     if strict_content_type:
         content_type = request.headers.get("content-type", "")
         if content_type.split(";", 1)[0].strip().lower() != JSON_TYPE:
-            raise UnsupportedMediaType(
-                "Unsupported Media Type: Only 'application/json' is allowed"
-            )
+            raise UnsupportedMediaType("Unsupported Media Type: Only 'application/json' is allowed")
     return decode_json(await read_body(request, max_bytes))
 
 

@@ -18,7 +18,7 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 def sse_event(payload: bytes) -> bytes:
-    """One SSE event: `data: <payload>` and a blank line (the space is what every client expects)."""
+    """One SSE event: `data: <payload>` and a blank line (every client accepts the space)."""
     return b"data: " + payload + b"\n\n"
 
 
@@ -41,8 +41,11 @@ class StreamResponse:
         watcher = asyncio.create_task(_watch_disconnect(receive, producer))
         try:
             await send(
-                {"type": "http.response.start", "status": self.status_code,
-                 "headers": self.raw_headers}
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
             )
             async for chunk in self.chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

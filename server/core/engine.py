@@ -1,7 +1,7 @@
 """The Engine port: the small interface every engine implements (vLLM, fake).
 
 Contract, checked by tests/unit/test_engine_contract.py:
-1. `generate` yields `Started`, then `Delta*` and exactly one `ChoiceEnd` per choice, then one `Done`.
+1. `generate` yields `Started`, then `Delta*` and one `ChoiceEnd` per choice, then one `Done`.
    Token counts in `Done.usage` match what was yielded.
 2. Only `GatewayError` subclasses escape; engines translate their own exceptions.
 3. Closing the iterator (or `abort(engine_request_id)`) ends generation promptly and frees the slot.

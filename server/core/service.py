@@ -49,8 +49,21 @@ class Limits:
     retry_after_s: int = 1
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timing:
+    """How long one admitted request took, measured from admission."""
+
+    seconds: float  # admission to close
+    first_token_s: float | None = None  # admission to the first generated token
+    mean_token_gap_s: float | None = None  # mean time between later tokens (MindIE TBT)
+
+
 class RequestObserver(Protocol):
-    """Metrics hook. Implemented outside the core (server/metrics.py)."""
+    """Metrics hook. Implemented outside the core (server/metrics.py).
+
+    `admitted` pairs with exactly one `finished`; `rejected` is a request that never ran.
+    `token_gap` runs once per generated token: implementations must keep it tiny.
+    """
 
     def admitted(self, request: GenerationRequest) -> None: ...
 
@@ -59,8 +72,12 @@ class RequestObserver(Protocol):
     def token_gap(self, request: GenerationRequest, seconds: float) -> None: ...
 
     def finished(
-        self, request: GenerationRequest, *, error_type: str | None, usage: Usage | None,
-        seconds: float,
+        self,
+        request: GenerationRequest,
+        *,
+        error_type: str | None,
+        usage: Usage | None,
+        timing: Timing,
     ) -> None: ...
 
     def rejected(self, request: GenerationRequest, error_type: str) -> None: ...
@@ -77,8 +94,12 @@ class NullObserver:
         pass
 
     def finished(
-        self, request: GenerationRequest, *, error_type: str | None, usage: Usage | None,
-        seconds: float,
+        self,
+        request: GenerationRequest,
+        *,
+        error_type: str | None,
+        usage: Usage | None,
+        timing: Timing,
     ) -> None:
         pass
 
@@ -114,12 +135,20 @@ class Admission:
         self.running -= 1
         self._slots.release()
 
+    @property
+    def saturated(self) -> bool:
+        """Every slot is taken and the queue is full: the next request gets Overloaded."""
+        return self._slots.locked() and self.waiting >= self._limits.max_queue
+
 
 class EventStream:
     """The events of one admitted request. Iterate it once; `aclose()` always runs the cleanup."""
 
     def __init__(
-        self, service: InferenceService, request: GenerationRequest, engine_id: str,
+        self,
+        service: InferenceService,
+        request: GenerationRequest,
+        engine_id: str,
         adapter: AdapterHandle | None,
     ) -> None:
         self.request = request
@@ -133,7 +162,9 @@ class EventStream:
         self._cancel_reason: GatewayError | None = None
         self._cancelled = False
         self._started_at = time.monotonic()
+        self._first_token_at: float | None = None
         self._last_token_at: float | None = None
+        self._gaps = 0
         self._usage: Usage | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -166,6 +197,9 @@ class EventStream:
         except GatewayError:
             self._done = True
             raise
+        if self._cancel_reason is not None and isinstance(event, ChoiceEnd | Done):
+            self._done = True
+            raise self._cancel_reason
         self._observe(event)
         return event
 
@@ -174,8 +208,10 @@ class EventStream:
             now = time.monotonic()
             observer = self._service.observer
             if self._last_token_at is None:
+                self._first_token_at = now
                 observer.first_token(self.request, now - self._started_at)
             else:
+                self._gaps += 1
                 observer.token_gap(self.request, now - self._last_token_at)
             self._last_token_at = now
         elif isinstance(event, Done):
@@ -217,8 +253,16 @@ class EventStream:
         return self._cancel_reason.error_type if self._cancel_reason else "aborted"
 
     @property
-    def seconds(self) -> float:
-        return time.monotonic() - self._started_at
+    def timing(self) -> Timing:
+        first, last = self._first_token_at, self._last_token_at
+        gap = None
+        if first is not None and last is not None and self._gaps:
+            gap = (last - first) / self._gaps
+        return Timing(
+            seconds=time.monotonic() - self._started_at,
+            first_token_s=None if first is None else first - self._started_at,
+            mean_token_gap_s=gap,
+        )
 
 
 class InferenceService:
@@ -241,25 +285,36 @@ class InferenceService:
         self.observer: RequestObserver = observer or NullObserver()
         self.admission = Admission(limits)
         self._active: dict[str, list[EventStream]] = {}
+        self._abort_reason: GatewayError | None = None
         self._ids = itertools.count(1)
 
     # ---- generation --------------------------------------------------------------------
     async def start(self, request: GenerationRequest) -> EventStream:
-        """Admit, resolve, start and prime one request. Raises GatewayError before any output."""
+        """Admit, resolve, start and prime one request. Raises GatewayError before any output.
+
+        A queued request already counts as in flight, so a drain waits for it too.
+        """
         try:
             self._gate()
-            await self.admission.acquire()
         except GatewayError as exc:
             self.observer.rejected(request, exc.error_type)
             raise
         self.lifecycle.enter()
+        try:
+            await self._acquire()
+        except BaseException as exc:
+            self.lifecycle.leave()
+            if isinstance(exc, GatewayError):
+                self.observer.rejected(request, exc.error_type)
+            raise
         try:
             adapter = await self._resolve(request)
         except GatewayError as exc:
             self._release_slot()
             self.observer.rejected(request, exc.error_type)
             raise
-        return await self._launch(replace(request, adapter=adapter and adapter.name), adapter)
+        named = replace(request, adapter=adapter.name if adapter else None)
+        return await self._launch(named, adapter)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         stream = await self.start(request)
@@ -268,9 +323,9 @@ class InferenceService:
         finally:
             await stream.aclose()
 
-    async def start_batch(self, requests: Sequence[GenerationRequest]) -> AsyncIterator[
-        GenerationEvent
-    ]:
+    async def start_batch(
+        self, requests: Sequence[GenerationRequest]
+    ) -> AsyncIterator[GenerationEvent]:
         """Start several requests as one stream (a list of prompts, DJL multi-adapter batches).
 
         Choice indexes are offset so choice i of request k becomes k * n + i; `Started` is taken
@@ -299,6 +354,9 @@ class InferenceService:
             stream.cancel()
 
     def abort_all(self, reason: GatewayError) -> int:
+        """Drain timeout: end every running request with `reason` (an in-band error) and refuse
+        the queued ones with it when they get a slot."""
+        self._abort_reason = reason
         streams = [s for group in self._active.values() for s in group]
         for stream in streams:
             stream.cancel(reason)
@@ -312,6 +370,17 @@ class InferenceService:
         if not self.lifecycle.accepting:
             state = self.lifecycle.state.value
             raise ServiceUnavailable(f"The service is not ready (state: {state}).")
+        role = self.lifecycle.role
+        if not role.admits_requests:
+            raise ServiceUnavailable(
+                f"This instance has the role {role.value} and takes no new requests from clients."
+            )
+
+    async def _acquire(self) -> None:
+        await self.admission.acquire()
+        if self._abort_reason is not None:
+            self.admission.release()
+            raise self._abort_reason
 
     async def _resolve(self, request: GenerationRequest) -> AdapterHandle | None:
         if request.model in self.base_names or not request.model:
@@ -330,15 +399,12 @@ class InferenceService:
         stream = EventStream(self, request, engine_id, adapter)
         self._active.setdefault(request.request_id, []).append(stream)
         self.observer.admitted(request)
+        stream.arm_deadline(request.timeout_s or self.limits.request_timeout_s)
         try:
             await stream.prime()
-        except GatewayError:
-            await stream.aclose()
-            raise
         except BaseException:
             await stream.aclose()
             raise
-        stream.arm_deadline(request.timeout_s or self.limits.request_timeout_s)
         return stream
 
     def _release_slot(self) -> None:
@@ -357,42 +423,29 @@ class InferenceService:
             self.adapters.release(adapter, usage.completion_tokens if usage else 0)
         self._release_slot()
         self.observer.finished(
-            stream.request, error_type=stream.error_type, usage=usage, seconds=stream.seconds
+            stream.request, error_type=stream.error_type, usage=usage, timing=stream.timing
         )
 
 
 async def _merge(streams: list[EventStream]) -> AsyncIterator[GenerationEvent]:
     """Run several streams concurrently; re-index choices; one Started first, one Done last."""
     queue: asyncio.Queue[tuple[int, GenerationEvent | BaseException | None]] = asyncio.Queue()
-
-    async def pump(k: int, stream: EventStream) -> None:
-        try:
-            async for event in stream:
-                await queue.put((k, event))
-            await queue.put((k, None))
-        except BaseException as exc:  # forwarded to the consumer, re-raised there
-            await queue.put((k, exc))
-
-    tasks = [asyncio.create_task(pump(k, s)) for k, s in enumerate(streams)]
+    tasks = [asyncio.create_task(_pump(k, s, queue)) for k, s in enumerate(streams)]
     offsets = list(itertools.accumulate((s.request.sampling.n for s in streams), initial=0))
-    prompt_tokens = completion_tokens = 0
+    totals = [0, 0]
     remaining = len(streams)
     try:
         while remaining:
             k, item = await queue.get()
             if item is None:
                 remaining -= 1
-            elif isinstance(item, BaseException):
+                continue
+            if isinstance(item, BaseException):
                 raise item
-            elif isinstance(item, Started):
-                if k == 0:
-                    yield item
-            elif isinstance(item, Done):
-                prompt_tokens += item.usage.prompt_tokens
-                completion_tokens += item.usage.completion_tokens
-            elif isinstance(item, Delta | ChoiceEnd):
-                yield replace(item, choice=item.choice + offsets[k])
-        yield Done(usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens))
+            forwarded = _reindex(item, k, offsets[k], totals)
+            if forwarded is not None:
+                yield forwarded
+        yield Done(usage=Usage(prompt_tokens=totals[0], completion_tokens=totals[1]))
     finally:
         for task in tasks:
             task.cancel()
@@ -400,4 +453,29 @@ async def _merge(streams: list[EventStream]) -> AsyncIterator[GenerationEvent]:
             await stream.aclose()
 
 
-__all__ = ["EventStream", "FinishReason", "InferenceService", "Limits", "RequestObserver"]
+async def _pump(
+    k: int,
+    stream: EventStream,
+    queue: asyncio.Queue[tuple[int, GenerationEvent | BaseException | None]],
+) -> None:
+    try:
+        async for event in stream:
+            await queue.put((k, event))
+        await queue.put((k, None))
+    except BaseException as exc:  # forwarded to the consumer, re-raised there
+        await queue.put((k, exc))
+
+
+def _reindex(
+    event: GenerationEvent, k: int, offset: int, totals: list[int]
+) -> GenerationEvent | None:
+    if isinstance(event, Started):
+        return event if k == 0 else None
+    if isinstance(event, Done):
+        totals[0] += event.usage.prompt_tokens
+        totals[1] += event.usage.completion_tokens
+        return None
+    return replace(event, choice=event.choice + offset)
+
+
+__all__ = ["EventStream", "FinishReason", "InferenceService", "Limits", "RequestObserver", "Timing"]

@@ -43,7 +43,9 @@ class Sampling:
 class OutputOptions:
     """What the client wants back besides text."""
 
-    logprobs: int | None = None  # top-N alternatives per generated token; None = off, 0 = sampled only
+    logprobs: int | None = (
+        None  # top-N alternatives per generated token; None = off, 0 = sampled only
+    )
     prompt_logprobs: int | None = None  # same for prompt tokens (TGI decoder_input_details)
 
 
@@ -140,7 +142,7 @@ class Delta:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChoiceEnd:
-    """The end of one choice. `matched_stop` is the stop string or token id that ended it (None = EOS)."""
+    """The end of one choice. `matched_stop`: the stop string or token id; None means EOS."""
 
     choice: int
     reason: FinishReason

@@ -1,0 +1,34 @@
+"""Shared fixtures: one real gateway process on the real vLLM engine per test session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.serverproc import RunningServer, running_server
+
+
+@pytest.fixture(scope="session")
+def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """The gateway on the demo model with the real vLLM engine, shared by the whole session."""
+    with running_server(tmp_path_factory.mktemp("live")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def fake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """The same process on the fake engine (fast start), for transport-level tests."""
+    with running_server(tmp_path_factory.mktemp("fake"), engine="fake") as server:
+        yield server
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent

@@ -1,0 +1,179 @@
+"""Start the gateway as a real process on loopback, wait until ready, stop it cleanly."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "build" / "demo"
+CERTS = ROOT / "certs"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def ensure_assets() -> None:
+    """Build the demo model and dev certificates if absent (cached after the first run)."""
+    from certs.generate import generate
+    from server.demo_model import build_demo
+
+    build_demo(DEMO)
+    generate(CERTS)
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen[bytes]
+    config: dict[str, Any]
+    log_path: Path
+    data_port: int
+    management_port: int
+    metrics_port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.data_port}"
+
+    @property
+    def management_url(self) -> str:
+        scheme = "https" if self.config["ServerConfig"].get("managementHttpsEnabled") else "http"
+        return f"{scheme}://127.0.0.1:{self.management_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return self.process.returncode
+
+
+def base_config(engine: str = "vllm") -> dict[str, Any]:
+    """A config for tests: plain HTTP data and metrics listeners, mTLS management listener."""
+    data, management, metrics = free_port(), free_port(), free_port()
+    return {
+        "engine": engine,
+        "ServerConfig": {
+            "ipAddress": "127.0.0.1",
+            "port": data,
+            "managementPort": management,
+            "metricsPort": metrics,
+            "httpsEnabled": False,
+            "managementHttpsEnabled": True,
+            "tlsCaPath": str(CERTS),
+            "tlsCaFile": ["ca.pem"],
+            "tlsCert": str(CERTS / "server.pem"),
+            "tlsPk": str(CERTS / "server.key"),
+            "tlsCrlPath": str(CERTS),
+            "tlsCrlFiles": ["crl.pem"],
+            "maxRequestLength": 1,
+        },
+        "ModelConfig": {
+            "modelName": "tiny",
+            "modelWeightPath": str(DEMO / "model"),
+            "maxModelLen": 512,
+            "maxNumSeqs": 32,
+        },
+        "LoraConfig": {
+            "enabled": True,
+            "maxLoras": 2,
+            "maxLoraRank": 8,
+            "maxCpuLoras": 4,
+            "adapterDir": str(DEMO / "adapters"),
+            "adapterRoots": [str(DEMO)],
+        },
+        "LimitsConfig": {"maxConcurrentRequests": 64, "maxQueue": 128, "drainTimeout": 20},
+    }
+
+
+def merge(config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            merge(config[key], value)
+        else:
+            config[key] = value
+    return config
+
+
+@contextlib.contextmanager
+def running_server(
+    tmp_dir: Path,
+    *,
+    engine: str = "vllm",
+    overrides: dict[str, Any] | None = None,
+    ready_timeout: float = 180.0,
+) -> Iterator[RunningServer]:
+    ensure_assets()
+    config = merge(base_config(engine), overrides or {})
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    config_path = tmp_dir / "config.json"
+    config_path.write_text(json.dumps(config, indent=2))
+    log_path = tmp_dir / "server.log"
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_HOST_IP": "127.0.0.1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "server", "--config", str(config_path)],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    server = RunningServer(
+        process=process,
+        config=config,
+        log_path=log_path,
+        data_port=config["ServerConfig"]["port"],
+        management_port=config["ServerConfig"]["managementPort"],
+        metrics_port=config["ServerConfig"]["metricsPort"],
+    )
+    try:
+        wait_ready(server, ready_timeout)
+        yield server
+    finally:
+        server.stop()
+
+
+def wait_ready(server: RunningServer, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(
+                f"server exited with {server.process.returncode}:\n{server.log()[-4000:]}"
+            )
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"server not ready after {timeout}s:\n{server.log()[-4000:]}")

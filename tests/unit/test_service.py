@@ -1,0 +1,171 @@
+"""InferenceService policy on the fake engine: admission, resolution, cancel, deadlines, batches."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from server.core.adapter_files import AdapterRules
+from server.core.adapters import AdapterLimits, AdapterRegistry
+from server.core.errors import (
+    DeadlineExceeded,
+    EngineError,
+    ModelNotFound,
+    Overloaded,
+    RequestNotFound,
+    ServiceUnavailable,
+)
+from server.core.lifecycle import Lifecycle
+from server.core.service import InferenceService, Limits
+from server.core.types import (
+    ChoiceEnd,
+    Delta,
+    Done,
+    FinishReason,
+    GenerationRequest,
+    Sampling,
+    Started,
+    TextPrompt,
+)
+from server.engine.fake import FakeEngine, FakeScript
+
+pytestmark = pytest.mark.anyio
+
+
+def make_service(
+    engine: FakeEngine | None = None, limits: Limits | None = None, *, ready: bool = True
+) -> InferenceService:
+    engine = engine or FakeEngine(model_name="tiny")
+    lifecycle = Lifecycle()
+    if ready:
+        lifecycle.ready()
+    registry = AdapterRegistry(
+        engine=engine,
+        rules=AdapterRules(roots=(str(Path.cwd()),), max_rank=8, base_names=frozenset({"tiny"})),
+        limits=AdapterLimits(enabled=True, max_loras=2, max_cpu_loras=4),
+    )
+    return InferenceService(
+        engine=engine,
+        adapters=registry,
+        lifecycle=lifecycle,
+        limits=limits or Limits(),
+        base_names=["tiny"],
+    )
+
+
+def request(
+    prompt: str = "one two three", *, rid: str = "r", n: int = 1, tokens: int = 4, model: str = ""
+) -> GenerationRequest:
+    return GenerationRequest(
+        request_id=rid,
+        model=model,
+        prompt=TextPrompt(prompt),
+        sampling=Sampling(max_new_tokens=tokens, n=n),
+    )
+
+
+async def test_generate_collects_text_and_usage() -> None:
+    result = await make_service().generate(request(tokens=4))
+    assert result.choices[0].text == "one two three one "
+    assert result.choices[0].finish_reason is FinishReason.LENGTH
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (3, 4)
+
+
+async def test_stream_event_order_is_started_deltas_end_done() -> None:
+    stream = await make_service().start(request(n=2, tokens=2))
+    try:
+        events = [event async for event in stream]
+    finally:
+        await stream.aclose()
+    assert isinstance(events[0], Started)
+    assert isinstance(events[-1], Done)
+    ends = [e for e in events if isinstance(e, ChoiceEnd)]
+    assert [e.choice for e in ends] == [0, 1]
+    assert sum(isinstance(e, Delta) for e in events) == events[-1].usage.completion_tokens == 4
+
+
+async def test_unknown_model_raises_model_not_found_and_frees_the_slot() -> None:
+    service = make_service()
+    with pytest.raises(ModelNotFound, match="does not exist"):
+        await service.start(request(model="nope"))
+    assert service.admission.running == 0
+    assert service.lifecycle.inflight == 0
+
+
+async def test_not_ready_service_rejects_with_unavailable() -> None:
+    with pytest.raises(ServiceUnavailable):
+        await make_service(ready=False).start(request())
+
+
+async def test_queue_full_raises_overloaded() -> None:
+    engine = FakeEngine(FakeScript(hang_after=1))
+    service = make_service(engine, Limits(max_concurrent=1, max_queue=1, queue_timeout_s=5))
+    first = await service.start(request(rid="a"))
+    queued = asyncio.create_task(service.start(request(rid="b")))
+    await asyncio.sleep(0.01)
+    assert service.admission.waiting == 1
+    with pytest.raises(Overloaded):
+        await service.start(request(rid="c"))
+    await first.aclose()
+    second = await queued
+    await second.aclose()
+    assert service.admission.running == 0
+
+
+async def test_cancel_by_request_id_ends_the_stream_with_abort() -> None:
+    engine = FakeEngine(FakeScript(hang_after=1))
+    service = make_service(engine)
+    stream = await service.start(request(rid="stop-me", tokens=100))
+    service.cancel("stop-me")
+    events = [event async for event in stream]
+    await stream.aclose()
+    assert any(isinstance(e, ChoiceEnd) and e.reason is FinishReason.ABORT for e in events)
+    assert engine.running == 0
+    with pytest.raises(RequestNotFound):
+        service.cancel("stop-me")
+
+
+async def test_closing_a_stream_early_aborts_the_engine_request() -> None:
+    engine = FakeEngine(FakeScript(hang_after=1))
+    service = make_service(engine)
+    stream = await service.start(request(rid="gone", tokens=100))
+    await stream.__anext__()
+    await stream.aclose()
+    assert engine.aborted == [stream.engine_id]
+    assert service.lifecycle.inflight == 0
+
+
+async def test_deadline_ends_a_hanging_request_with_deadline_exceeded() -> None:
+    engine = FakeEngine(FakeScript(hang_after=0))
+    service = make_service(engine, Limits(request_timeout_s=0.05))
+    with pytest.raises(DeadlineExceeded):
+        await service.start(request(tokens=10))
+    assert service.admission.running == 0
+
+
+async def test_engine_failure_before_output_raises_from_start() -> None:
+    service = make_service(FakeEngine(FakeScript(fail_after=0)))
+    with pytest.raises(EngineError):
+        await service.start(request())
+    assert service.admission.running == 0
+
+
+async def test_batch_offsets_choices_and_sums_usage() -> None:
+    service = make_service()
+    result = await service.generate_batch([request("a b", n=2, tokens=2), request("c d", tokens=3)])
+    assert [c.index for c in result.choices] == [0, 1, 2]
+    assert result.choices[2].text == "c d c "
+    assert result.usage.completion_tokens == 7
+    assert result.usage.prompt_tokens == 4
+
+
+async def test_abort_all_turns_running_streams_into_in_band_errors() -> None:
+    service = make_service(FakeEngine(FakeScript(hang_after=1)))
+    stream = await service.start(request(tokens=50))
+    assert service.abort_all(ServiceUnavailable("shutting down")) == 1
+    with pytest.raises(ServiceUnavailable):
+        async for _ in stream:
+            pass
+    await stream.aclose()
