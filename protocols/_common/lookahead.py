@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from server.core.types import ChoiceEnd, Delta, GenerationEvent
@@ -24,12 +24,13 @@ async def _next(events: AsyncIterator[GenerationEvent]) -> GenerationEvent:
     try:
         return await events.__anext__()
     except StopAsyncIteration:
-        return _END  # a task must not end with StopAsyncIteration
+        end: GenerationEvent = _END  # a task must not end with StopAsyncIteration
+        return end
 
 
 async def with_ends(
     events: AsyncIterator[GenerationEvent],
-) -> AsyncIterator[GenerationEvent | tuple[Delta, ChoiceEnd]]:
+) -> AsyncGenerator[GenerationEvent | tuple[Delta, ChoiceEnd], None]:
     """`events`, where a `Delta` immediately followed by its choice's `ChoiceEnd` is one pair."""
     following: asyncio.Task[GenerationEvent] | None = None
     try:

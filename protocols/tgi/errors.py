@@ -1,0 +1,69 @@
+"""TGI error table: domain errors → status and `{"error": str, "error_type": str}`.
+
+422 `validation` (messages prefixed "Input validation error: "), 424 `generation` ("Request failed
+during generation: "), 429 `overloaded`. TGI has no 404 on its native routes: an unknown
+`adapter_id` is a validation error here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import Response
+
+from protocols._common import jsonio
+from protocols._common.http import json_response
+from protocols._common.streaming import sse_event
+from server.core.errors import (
+    AdapterCapacity,
+    AdapterExists,
+    DeadlineExceeded,
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+    PayloadTooLarge,
+    RequestNotFound,
+    ServiceUnavailable,
+    Unauthorized,
+)
+
+VALIDATION_PREFIX = "Input validation error: "
+GENERATION_PREFIX = "Request failed during generation: "
+
+# (status, error_type, message prefix); the first matching class wins, so subclasses come first.
+_TABLE: tuple[tuple[type[GatewayError], int, str, str], ...] = (
+    (PayloadTooLarge, 413, "validation", VALIDATION_PREFIX),
+    (InvalidRequest, 422, "validation", VALIDATION_PREFIX),
+    (ModelNotFound, 422, "validation", VALIDATION_PREFIX),
+    (Overloaded, 429, "overloaded", ""),
+    (ServiceUnavailable, 503, "unhealthy", ""),
+    (Unauthorized, 401, "authentication", ""),
+    (RequestNotFound, 404, "not_found", ""),
+    (AdapterExists, 409, "validation", ""),
+    (AdapterCapacity, 507, "generation", GENERATION_PREFIX),
+    (DeadlineExceeded, 424, "generation", GENERATION_PREFIX),
+)
+
+
+def classify(exc: GatewayError) -> tuple[int, dict[str, Any]]:
+    status, error_type, prefix = 424, "generation", GENERATION_PREFIX
+    for cls, code, kind, pre in _TABLE:
+        if isinstance(exc, cls):
+            status, error_type, prefix = code, kind, pre
+            break
+    message = exc.message if exc.message.startswith(prefix) else prefix + exc.message
+    return status, {"error": message, "error_type": error_type}
+
+
+def render(exc: GatewayError) -> Response:
+    status, body = classify(exc)
+    headers = None
+    if isinstance(exc, Overloaded | ServiceUnavailable):
+        headers = {"retry-after": str(exc.retry_after_s)}
+    return json_response(body, status, headers)
+
+
+def stream_error(exc: GatewayError) -> bytes:
+    """The in-band error event of a stream that already started (status stays 200)."""
+    return sse_event(jsonio.dumps(classify(exc)[1]))
