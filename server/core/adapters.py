@@ -1,58 +1,137 @@
 """The one adapter registry behind every protocol and every management route.
 
-It validates adapters before the engine sees them, keeps stable integer ids, preloads and pins,
-and keeps at most `max_cpu_loras` adapters resident in the engine, evicting the least recently
-used unpinned idle one. Keeping the engine's own CPU cache from overflowing matters: vLLM re-reads
-an evicted adapter from disk inside `generate()`, where a failure kills its engine core, so every
-non-resident adapter is re-validated and re-added here before a request may use it.
+It owns the adapters' names, sources, stable integer ids, options, pins, aliases (DJL workflows)
+and their residency in the engine, and it is the only code that adds adapters to or removes them
+from the engine.
+
+Why residency is managed here and not left to vLLM: vLLM re-reads an adapter it evicted from its
+CPU cache inside `generate()`, where a load failure kills the engine core for good. So the registry
+validates every adapter on disk (`adapter_files`), lets the engine load it with `add_adapter` (where
+a failure is harmless) before any request may use it, and keeps at most `max_cpu_loras` adapters in
+the engine so vLLM never evicts on its own. Beyond that the least recently used idle unpinned
+adapter is removed and transparently re-validated and re-added on its next use; a request whose
+adapter finds every cached place pinned or busy waits for one (bounded by `wait_s`).
+
+Why pins are not passed to the engine: vLLM's `pin_lora` also pins the adapter into an engine
+(GPU) slot, but its scheduler still admits up to `max_loras` other adapters per step; the worker
+then evicts an adapter of the running batch and fails, killing the engine. A pin here means
+"never evicted from the engine's cache", which is what operators ask for, at no risk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
 
-from server.core.adapter_files import AdapterRules, check_name, resolve_source, validate_adapter_dir
+from server.core.adapter_files import (
+    AdapterRules,
+    check_name,
+    resolve_source,
+    validate_adapter_dir,
+)
 from server.core.engine import Engine
 from server.core.errors import (
     AdapterCapacity,
     AdapterExists,
     AdapterNotFound,
+    GatewayError,
     InvalidRequest,
+    LoraDisabled,
+    Overloaded,
 )
 from server.core.types import AdapterHandle
+
+logger = logging.getLogger("gateway.adapters")
+
+
+class Residency(StrEnum):
+    """Where an adapter is. ENGINE_SLOT: it has requests in the engine (in a slot or queued
+    for one); CPU_CACHE: loaded in the engine's cache, idle; REGISTERED: known, not loaded."""
+
+    ENGINE_SLOT = "engine_slot"
+    CPU_CACHE = "cpu_cache"
+    REGISTERED = "registered"
 
 
 @dataclass(slots=True, kw_only=True)
 class AdapterRecord:
     name: str
-    src: str
-    handle: AdapterHandle
+    src: str  # as the operator gave it
+    handle: AdapterHandle  # handle.path is the resolved directory
     rank: int
     preload: bool = True
     pin: bool = False
     options: dict[str, str] = field(default_factory=dict)
+    alias: str | None = None  # display alias (X-Amzn-SageMaker-Adapter-Alias)
     resident: bool = False
     removed: bool = False
     inflight: int = 0
+    registered_at: float = field(default_factory=time.time)
     last_used: float = 0.0
     requests: int = 0
     generated_tokens: int = 0
     loads: int = 0
     evictions: int = 0
+    load_failures: int = 0
+
+    @property
+    def residency(self) -> Residency:
+        if not self.resident:
+            return Residency.REGISTERED
+        return Residency.ENGINE_SLOT if self.inflight > 0 else Residency.CPU_CACHE
+
+    @property
+    def display_name(self) -> str:
+        return self.alias or self.name
 
     def describe(self) -> dict[str, object]:
         """DJL's describe shape (camelCase, null fields omitted)."""
         return {"name": self.name, "src": self.src, "preload": self.preload, "pin": self.pin}
 
+    def snapshot(self) -> AdapterSnapshot:
+        return AdapterSnapshot(
+            name=self.name, int_id=self.handle.int_id, residency=self.residency, pinned=self.pin,
+            rank=self.rank, inflight=self.inflight, requests=self.requests,
+            generated_tokens=self.generated_tokens, loads=self.loads, evictions=self.evictions,
+            load_failures=self.load_failures, last_used=self.last_used,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdapterSnapshot:
+    """Per-adapter numbers for metrics (counters are totals since registration)."""
+
+    name: str
+    int_id: int
+    residency: Residency
+    pinned: bool
+    rank: int
+    inflight: int
+    requests: int
+    generated_tokens: int
+    loads: int
+    evictions: int
+    load_failures: int
+    last_used: float  # time.monotonic() of the last request, 0.0 if never used
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AdapterLimits:
     enabled: bool
-    max_loras: int
-    max_cpu_loras: int
+    max_loras: int  # engine slots: distinct adapters in one engine step (vLLM enforces it)
+    max_cpu_loras: int  # adapters held in the engine at once (this registry enforces it)
+    wait_s: float = 60.0  # how long a request waits for a free cached place
+
+    @property
+    def max_pins(self) -> int:
+        """Pins may take at most `max_loras` places and must leave one for unpinned adapters."""
+        return max(0, min(self.max_loras, self.max_cpu_loras - 1))
 
 
 class AdapterRegistry:
@@ -61,12 +140,17 @@ class AdapterRegistry:
         self.rules = rules
         self.limits = limits
         self._records: dict[str, AdapterRecord] = {}
-        self._retired: list[AdapterRecord] = []  # unregistered, waiting for in-flight requests
+        self._aliases: dict[str, str] = {}  # alias (DJL workflow name) -> adapter name
+        self._retired: list[AdapterRecord] = []  # unregistered or replaced, still in use/loaded
+        self._ids: dict[tuple[str, str], int] = {}  # (name, resolved path) -> stable int id
         self._next_id = 1
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # serialises changes of the registry and of the engine
+        self._room = asyncio.Event()  # set (then replaced) whenever a cached place may be free
+        self._tasks: set[asyncio.Task[None]] = set()
 
-    # ---- queries -------------------------------------------------------------------------
+    # ---- queries ---------------------------------------------------------------------------
     def names(self) -> list[str]:
+        """Registered adapter names, in registration order."""
         return list(self._records)
 
     def records(self) -> list[AdapterRecord]:
@@ -78,8 +162,25 @@ class AdapterRegistry:
             raise AdapterNotFound(f"The adapter {name} was not found", param="name")
         return record
 
+    def resolve(self, name: str) -> AdapterRecord:
+        """The record for an adapter name or an alias of one. Raises AdapterNotFound."""
+        return self.get(self._aliases.get(name, name))
+
     def __contains__(self, name: object) -> bool:
-        return name in self._records
+        if not isinstance(name, str):
+            return False
+        return self._aliases.get(name, name) in self._records
+
+    def aliases(self) -> dict[str, str]:
+        return dict(self._aliases)
+
+    def snapshots(self) -> list[AdapterSnapshot]:
+        return [record.snapshot() for record in self._records.values()]
+
+    async def engine_resident(self) -> set[str]:
+        """Names of registered adapters the engine really holds now (asks the engine)."""
+        ids = await self._engine.resident_adapters()
+        return {r.name for r in self._records.values() if r.handle.int_id in ids}
 
     # ---- management ------------------------------------------------------------------------
     async def register(
@@ -90,12 +191,18 @@ class AdapterRegistry:
         preload: bool = True,
         pin: bool = False,
         options: Mapping[str, str] | None = None,
+        alias: str | None = None,
     ) -> AdapterRecord:
-        """Validate and add an adapter. Raises AdapterExists, AdapterInvalid, AdapterCapacity."""
+        """Validate and add an adapter; load it now if `preload` or `pin`.
+
+        Raises LoraDisabled, InvalidRequest/AdapterInvalid (bad name, path or files: the engine
+        never saw them), AdapterExists, AdapterCapacity (no room for another pin).
+        """
+        self._check_enabled()
         checked = check_name(name, self.rules)
-        self._check_pin_options(preload=preload, pin=pin)
+        _check_pin_options(preload=preload, pin=pin)
         async with self._lock:
-            if checked in self._records:
+            if checked in self._records or checked in self._aliases:
                 raise AdapterExists(
                     f"The adapter {checked} already exists. If you want to replace it, please "
                     "unregistering before registering a new adapter with the same name."
@@ -103,12 +210,11 @@ class AdapterRegistry:
             if pin:
                 self._check_pin_capacity()
             record = self._new_record(checked, src, preload=preload, pin=pin, options=options)
-            if preload or pin:
-                await self._make_resident(record)
-            if pin:
-                await self._engine.pin_adapter(record.handle)
+            record.alias = alias
             self._records[checked] = record
-            return record
+        if preload or pin:
+            await self._load_new(record)
+        return record
 
     async def update(
         self,
@@ -119,50 +225,52 @@ class AdapterRegistry:
         pin: bool | None = None,
         options: Mapping[str, str] | None = None,
     ) -> AdapterRecord:
-        """Change source, preload, pin or options. The old state survives any failure."""
+        """Change source, preload, pin or options. A failed validation leaves it unchanged."""
+        self._check_enabled()
         async with self._lock:
             old = self.get(name)
             new_pin = old.pin if pin is None else pin
-            new_preload = old.preload if preload is None else preload
-            self._check_pin_options(preload=new_preload, pin=new_pin)
+            new_preload = (old.preload or new_pin) if preload is None else preload
+            _check_pin_options(preload=new_preload, pin=new_pin)
             if new_pin and not old.pin:
                 self._check_pin_capacity()
             merged = {**old.options, **(options or {})}
-            if src is not None and src != old.src or (old.pin and not new_pin):
-                record = self._new_record(
-                    name, old.src if src is None else src, preload=new_preload, pin=new_pin,
-                    options=merged,
-                )
-            else:
-                record = old
-                record.preload, record.pin, record.options = new_preload, new_pin, merged
-            if new_preload or new_pin:
-                await self._make_resident(record)
-            if new_pin and (record is not old or not old.pin):
-                await self._engine.pin_adapter(record.handle)
-            if record is not old:
-                self._records[name] = record
-                self._retire(old)
-            return record
+            was_pinned = old.pin
+            record = self._updated(old, src, preload=new_preload, pin=new_pin, options=merged)
+        if (record.preload or record.pin) and not record.resident:
+            await self._load_new(record, previous=old, was_pinned=was_pinned)
+        return record
 
     async def unregister(self, name: str) -> AdapterRecord:
-        """Forget the name now; free the engine slot once its in-flight requests finish."""
+        """Forget the name now and remove the adapter from the engine; if requests are still
+        running on it, they finish first and the engine copy goes when the last one ends."""
         async with self._lock:
             record = self.get(name)
             del self._records[name]
-            self._retire(record)
-            return record
+            await self._retire(record)
+        return record
+
+    def add_alias(self, alias: str, target: str) -> None:
+        """Let `alias` (a DJL workflow name) select adapter `target` in every protocol."""
+        checked = check_name(alias, self.rules)
+        if checked in self._records or checked in self._aliases:
+            raise AdapterExists(f"The name {checked} is already used by an adapter or workflow")
+        self.get(target)
+        self._aliases[checked] = target
 
     # ---- request path --------------------------------------------------------------------
     async def acquire(self, name: str) -> AdapterHandle:
-        """Make the adapter resident if needed and count a request on it."""
-        record = self._records.get(name)
+        """The handle of a loaded adapter, counted as in use until `release`.
+
+        Loads the adapter first if it is not in the engine (waiting for a free cached place if
+        all are pinned or busy). Raises AdapterNotFound, AdapterInvalid, Overloaded.
+        """
+        target = self._aliases.get(name, name)
+        record = self._records.get(target)
         if record is None:
             raise AdapterNotFound(f"The model `{name}` does not exist.")
         if not record.resident:
-            async with self._lock:
-                if not record.resident:
-                    await self._make_resident(record)
+            record = await self._wait_resident(target, requested=name)
         record.inflight += 1
         record.requests += 1
         record.last_used = time.monotonic()
@@ -172,13 +280,162 @@ class AdapterRegistry:
         record = self._find(handle)
         if record is None:
             return
-        record.inflight -= 1
+        record.inflight = max(0, record.inflight - 1)
         record.generated_tokens += generated_tokens
         record.last_used = time.monotonic()
-        if record.removed and record.inflight <= 0:
-            asyncio.get_running_loop().create_task(self._unload(record))
+        if record.inflight == 0:
+            self._signal_room()
+            if record.removed:
+                self._spawn(self._unload_locked(record))
 
-    # ---- internals -----------------------------------------------------------------------
+    # ---- residency ---------------------------------------------------------------------------
+    async def _wait_resident(self, name: str, *, requested: str) -> AdapterRecord:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.wait_s
+        while True:
+            async with self._lock:
+                record = self._records.get(name)
+                if record is None:
+                    raise AdapterNotFound(f"The model `{requested}` does not exist.")
+                if record.resident or await self._load_if_room(record):
+                    return record
+                room = self._room
+            remaining = deadline - loop.time()
+            try:
+                await asyncio.wait_for(room.wait(), max(remaining, 0.0))
+            except TimeoutError:
+                raise Overloaded(
+                    f"No free LoRA slot for adapter {name}: all {self.limits.max_cpu_loras} "
+                    "cached adapters are pinned or busy"
+                ) from None
+
+    async def _load_if_room(self, record: AdapterRecord) -> bool:
+        """Under the lock: load `record` into the engine, evicting an idle adapter if needed.
+        Returns False when every cached place is pinned or busy."""
+        if record.handle.int_id in self._resident_ids():
+            record.resident = True  # shared with a retired record of the same name and path
+            return True
+        if len(self._resident_ids()) >= self.limits.max_cpu_loras:
+            victim = self._eviction_candidate()
+            if victim is None:
+                return False
+            await self._evict(victim)
+        try:
+            # The files may have changed since registration: check again before the engine reads.
+            validate_adapter_dir(resolve_source(record.handle.path, self.rules), self.rules)
+            await self._engine.add_adapter(record.handle)
+        except GatewayError:
+            record.load_failures += 1
+            raise
+        record.resident = True
+        record.loads += 1
+        return True
+
+    async def _load_new(
+        self, record: AdapterRecord, *, previous: AdapterRecord | None = None,
+        was_pinned: bool = False,
+    ) -> None:
+        """Load a just registered or updated adapter; undo the change if that fails."""
+        try:
+            await self._wait_resident(record.name, requested=record.name)
+        except Overloaded:
+            if not record.pin or (was_pinned and previous is record):
+                return  # preload is best effort: it loads on first use
+            await self._undo(record, previous, was_pinned=was_pinned)
+            raise AdapterCapacity(
+                f"No free lora slots: every cached adapter is pinned or busy, so adapter "
+                f"{record.name} cannot be pinned now"
+            ) from None
+        except GatewayError:
+            await self._undo(record, previous, was_pinned=was_pinned)
+            raise
+
+    async def _undo(
+        self, record: AdapterRecord, previous: AdapterRecord | None, *, was_pinned: bool
+    ) -> None:
+        async with self._lock:
+            if previous is record:
+                record.pin = was_pinned
+                return
+            if self._records.get(record.name) is not record:
+                return  # changed again meanwhile: leave the newer state alone
+            del self._records[record.name]
+            if previous is not None:  # an update that moved the source: restore the old one
+                previous.removed = False
+                self._retired = [r for r in self._retired if r is not previous]
+                self._records[record.name] = previous
+            await self._retire(record)
+
+    def _resident_ids(self) -> set[int]:
+        return {r.handle.int_id for r in self._all_records() if r.resident}
+
+    def _eviction_candidate(self) -> AdapterRecord | None:
+        busy = {r.handle.int_id for r in self._all_records() if r.inflight > 0}
+        pinned = {r.handle.int_id for r in self._records.values() if r.pin}
+        idle = [
+            r for r in self._all_records()
+            if r.resident and r.handle.int_id not in busy | pinned
+        ]
+        return min(idle, key=lambda r: r.last_used) if idle else None
+
+    async def _evict(self, victim: AdapterRecord) -> None:
+        try:
+            await self._engine.remove_adapter(victim.handle)
+        except GatewayError:
+            logger.warning("the engine failed to remove adapter %s", victim.name, exc_info=True)
+        for record in self._all_records():
+            if record.handle.int_id == victim.handle.int_id and record.resident:
+                record.resident = False
+                record.evictions += 1
+        if victim.removed:
+            self._retired = [r for r in self._retired if r is not victim]
+
+    # ---- retirement ----------------------------------------------------------------------------
+    async def _retire(self, record: AdapterRecord) -> None:
+        """Under the lock: `record` left `_records`; unload it now or when its requests end."""
+        record.removed = True
+        if record.inflight > 0:
+            self._retired.append(record)
+        else:
+            await self._unload(record)
+        self._signal_room()
+
+    async def _unload_locked(self, record: AdapterRecord) -> None:
+        async with self._lock:
+            if record.inflight == 0:
+                await self._unload(record)
+            self._signal_room()
+
+    async def _unload(self, record: AdapterRecord) -> None:
+        if not record.removed:
+            return  # restored by a failed update meanwhile
+        self._retired = [r for r in self._retired if r is not record]
+        if not record.resident:
+            return
+        record.resident = False
+        sharing = [r for r in self._all_records() if r.handle.int_id == record.handle.int_id]
+        if sharing:  # the same name and path were registered again: keep the engine copy
+            sharing[0].resident = True
+            return
+        try:
+            await self._engine.remove_adapter(record.handle)
+        except GatewayError:
+            logger.warning("the engine failed to remove adapter %s", record.name, exc_info=True)
+
+    # ---- internals -----------------------------------------------------------------------------
+    def _check_enabled(self) -> None:
+        if not self.limits.enabled:
+            raise LoraDisabled("LoRA is not enabled.")
+
+    def _check_pin_capacity(self) -> None:
+        pinned = sum(1 for r in self._records.values() if r.pin)
+        if pinned + 1 > self.limits.max_pins:
+            raise AdapterCapacity(
+                f"No free lora slots: {pinned} adapters are pinned and at most "
+                f"{self.limits.max_pins} may be (max_loras {self.limits.max_loras}, "
+                f"max_cpu_loras {self.limits.max_cpu_loras}, one place stays unpinned)"
+            )
+
     def _new_record(
         self,
         name: str,
@@ -190,67 +447,64 @@ class AdapterRegistry:
     ) -> AdapterRecord:
         path = resolve_source(src, self.rules)
         rank = validate_adapter_dir(path, self.rules)
-        handle = AdapterHandle(name=name, int_id=self._next_id, path=str(path))
-        self._next_id += 1
+        handle = AdapterHandle(name=name, int_id=self._id_for(name, path), path=str(path))
         return AdapterRecord(
             name=name, src=str(src), handle=handle, rank=rank, preload=preload, pin=pin,
             options=dict(options or {}),
         )
 
-    def _check_pin_options(self, *, preload: bool, pin: bool) -> None:
-        if pin and not preload:
-            raise InvalidRequest("Can not set preload to false and pin to true", param="pin")
+    def _updated(
+        self,
+        old: AdapterRecord,
+        src: object,
+        *,
+        preload: bool,
+        pin: bool,
+        options: dict[str, str],
+    ) -> AdapterRecord:
+        """Under the lock: the record after an update (a new one if the source moved)."""
+        if src is not None:
+            path = resolve_source(src, self.rules)
+            if str(path) != old.handle.path:
+                record = self._new_record(old.name, src, preload=preload, pin=pin, options=options)
+                record.alias = old.alias
+                self._records[old.name] = record
+                old.removed = True
+                self._retired.append(old)
+                self._spawn(self._unload_locked(old))
+                return record
+            validate_adapter_dir(path, self.rules)
+            old.src = str(src)
+        old.preload, old.pin, old.options = preload, pin, options
+        return old
 
-    def _check_pin_capacity(self) -> None:
-        # One engine slot always stays unpinned, or unpinned adapters could never be scheduled.
-        pinned = sum(1 for r in self._records.values() if r.pin)
-        if pinned + 1 > max(self.limits.max_loras - 1, 0):
-            raise AdapterCapacity(
-                f"No free lora slots: {pinned} of {self.limits.max_loras} engine slots are "
-                "pinned and one must stay free for unpinned adapters"
-            )
-
-    async def _make_resident(self, record: AdapterRecord) -> None:
-        if record.resident:
-            return
-        # Files may have changed since registration; re-check before the engine reads them.
-        validate_adapter_dir(resolve_source(record.handle.path, self.rules), self.rules)
-        await self._evict_for_room()
-        await self._engine.add_adapter(record.handle)
-        record.resident = True
-        record.loads += 1
-
-    async def _evict_for_room(self) -> None:
-        resident = [r for r in self._all_records() if r.resident]
-        while len(resident) >= self.limits.max_cpu_loras:
-            idle = [r for r in resident if not r.pin and r.inflight <= 0]
-            if not idle:
-                return  # everything busy or pinned: let the engine's own LRU cope for now
-            victim = min(idle, key=lambda r: r.last_used)
-            await self._engine.remove_adapter(victim.handle)
-            victim.resident = False
-            victim.evictions += 1
-            resident.remove(victim)
+    def _id_for(self, name: str, path: Path) -> int:
+        """Stable per (name, path), so re-registering the same adapter keeps its id."""
+        key = (name, str(path))
+        if key not in self._ids:
+            self._ids[key] = self._next_id
+            self._next_id += 1
+        return self._ids[key]
 
     def _all_records(self) -> list[AdapterRecord]:
         return [*self._records.values(), *self._retired]
 
-    def _retire(self, record: AdapterRecord) -> None:
-        record.removed = True
-        if record.inflight > 0:
-            self._retired.append(record)
-        else:
-            asyncio.get_running_loop().create_task(self._unload(record))
-
-    async def _unload(self, record: AdapterRecord) -> None:
-        if record in self._retired:
-            self._retired.remove(record)
-        if record.resident:
-            record.resident = False
-            await self._engine.remove_adapter(record.handle)
-
     def _find(self, handle: AdapterHandle) -> AdapterRecord | None:
-        for record in self._all_records():
-            if record.handle is handle:
-                return record
-        return None
+        record = self._records.get(handle.name)
+        if record is not None and record.handle is handle:
+            return record
+        return next((r for r in self._retired if r.handle is handle), None)
+
+    def _signal_room(self) -> None:
+        self._room.set()
+        self._room = asyncio.Event()
+
+    def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(job)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _check_pin_options(*, preload: bool, pin: bool) -> None:
+    if pin and not preload:
+        raise InvalidRequest("Can not set preload to false and pin to true", param="pin")
