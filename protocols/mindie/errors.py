@@ -1,0 +1,69 @@
+"""MindIE error table: domain errors → status and `{"error": str, "error_type": <reason text>}`.
+
+MindIE's `error_type` is the HTTP reason text of its own table (`http_rest_resource.h`):
+400 "Bad Request", 404 "NotFoundError", 422 "Input Validation Error", 424 "Generation Error",
+500 "Incomplete Generation", 503 "Service Unavailable". MindIE has no 429; an overloaded gateway
+answers 429 "Too Many Requests" with Retry-After so clients back off instead of failing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import Response
+
+from protocols._common import jsonio
+from protocols._common.http import json_response
+from protocols._common.streaming import sse_event
+from server.core.errors import (
+    AdapterCapacity,
+    AdapterExists,
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+    PayloadTooLarge,
+    RequestNotFound,
+    ServiceUnavailable,
+    Unauthorized,
+)
+
+# The first matching class wins, so subclasses come first.
+_TABLE: tuple[tuple[type[GatewayError], int, str], ...] = (
+    (PayloadTooLarge, 413, "Payload Too Large"),
+    (InvalidRequest, 422, "Input Validation Error"),
+    (ModelNotFound, 404, "NotFoundError"),
+    (RequestNotFound, 404, "NotFoundError"),
+    (Overloaded, 429, "Too Many Requests"),
+    (ServiceUnavailable, 503, "Service Unavailable"),
+    (Unauthorized, 401, "Unauthorized"),
+    (AdapterExists, 409, "Conflict"),
+    (AdapterCapacity, 507, "Insufficient Storage"),
+)
+
+
+def classify(exc: GatewayError) -> tuple[int, dict[str, Any]]:
+    status, reason = 500, "Incomplete Generation"
+    for cls, code, text in _TABLE:
+        if isinstance(exc, cls):
+            status, reason = code, text
+            break
+    return status, {"error": exc.message, "error_type": reason}
+
+
+def render(exc: GatewayError) -> Response:
+    status, body = classify(exc)
+    headers = None
+    if isinstance(exc, Overloaded | ServiceUnavailable):
+        headers = {"retry-after": str(exc.retry_after_s)}
+    return json_response(body, status, headers)
+
+
+def stream_error(exc: GatewayError) -> bytes:
+    """In-band error of an `/infer` stream that already started."""
+    return sse_event(jsonio.dumps(classify(exc)[1]))
+
+
+def chunk_error(exc: GatewayError) -> bytes:
+    """In-band error of a vLLM-flavour `/generate` stream (NUL-terminated JSON chunks)."""
+    return jsonio.dumps(classify(exc)[1]) + b"\0"

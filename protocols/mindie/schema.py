@@ -1,0 +1,68 @@
+"""MindIE native wire models (pydantic, at the edge only).
+
+`InferRequest` is the body of `/infer` and `/infer_token` (the prompt, `inputs` or `input_id`, is
+checked by `translate.infer_prompt` on the raw body, with MindIE's own messages)
+and `VllmGenerateRequest` is the vLLM flavour of MindIE's `/generate` (a body with `prompt`).
+Unknown keys are ignored, as MindIE does.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+Unsigned = Annotated[int, Field(strict=True, ge=0)]
+Signed = Annotated[int, Field(strict=True)]
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+REQUEST_ID_PATTERN = r"^[a-zA-Z0-9_-]{1,256}$"
+
+
+class InferParameters(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    temperature: Number | None = None
+    top_k: Signed | None = None
+    top_p: Number | None = None
+    typical_p: Number | None = None
+    do_sample: StrictBool | None = None
+    seed: Unsigned | None = None
+    repetition_penalty: Number | None = None
+    watermark: StrictBool | None = None
+    priority: Signed | None = None
+    max_new_tokens: Signed | None = None
+    timeout: Signed | None = None
+    details: StrictBool | None = None
+
+
+class InferRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: Annotated[StrictStr, Field(pattern=REQUEST_ID_PATTERN)] | None = None
+    stream: StrictBool | None = None
+    parameters: InferParameters | None = None
+
+
+class VllmGenerateRequest(BaseModel):
+    """vLLM's legacy `/generate` body as MindIE reads it: sampling fields at the top level."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    prompt: StrictStr | list[dict[str, Any]]
+    stream: StrictBool | None = None
+    model: Annotated[StrictStr, Field(min_length=1, max_length=256)] | None = None
+    max_tokens: Signed | None = None
+    temperature: Number | None = None
+    top_k: Signed | None = None
+    top_p: Number | None = None
+    seed: Unsigned | None = None
+    n: Unsigned | None = None
+    best_of: Unsigned | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    stop_token_ids: list[Annotated[int, Field(strict=True)]] | None = None
+    ignore_eos: StrictBool | None = None
+    include_stop_str_in_output: StrictBool | None = None
+    skip_special_tokens: StrictBool | None = None
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    repetition_penalty: Number | None = None

@@ -1,0 +1,378 @@
+"""MindIE native translation, pure: `/infer`, `/infer_token`, the vLLM flavour of `/generate` and
+`/v1/tokenizer` bodies → `GenerationRequest`; results and events → MindIE's JSON shapes.
+
+Bounds and messages follow MindIE's `infer_param.cpp` and `single_req_*_infer_interface.cpp`.
+Accepted but without effect here: `typical_p` (vLLM has no typical sampling) and `priority`
+(validated 1-5; vLLM's default FCFS scheduler refuses per-request priorities). `watermark: true` is
+refused. `seed` is reported only when the client gave one (MindIE draws and reports a random one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from protocols._common.context import RequestBounds
+from protocols.mindie.schema import InferParameters, InferRequest, VllmGenerateRequest
+from server.core.errors import InvalidRequest, Unsupported
+from server.core.types import (
+    ChoiceEnd,
+    Delta,
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    Prompt,
+    Sampling,
+    TextPrompt,
+    TokenPrompt,
+)
+
+MAX_TOKEN_ID = 1024 * 1024  # MindIE: each input_id in [0, 1048576], at most that many
+MAX_INT32 = 2**31 - 1
+MAX_INT64 = 2**63 - 1
+MAX_FLOAT = 3.4028234663852886e38
+MAX_PRIORITY = 5
+MAX_TIMEOUT_S = 65535
+INFER_DEFAULT_MAX_NEW_TOKENS = 20
+VLLM_DEFAULT_MAX_TOKENS = 16  # vLLM's SamplingParams default, which its legacy /generate used
+MAX_N = 128
+
+
+def invalid(message: str, param: str | None = None) -> InvalidRequest:
+    return InvalidRequest(message, param=param)
+
+
+# ---- /infer and /infer_token ---------------------------------------------------------------------
+
+
+def infer_prompt(body: dict[str, Any]) -> Prompt:
+    """The prompt of `/infer` or `/infer_token`: text `inputs` or token `input_id`, never both."""
+    if "inputs" in body and "input_id" in body:
+        raise invalid("Input conflict.", "inputs")
+    if "inputs" in body:
+        return TextPrompt(_text_input(body["inputs"], "Inputs", "inputs"))
+    if "input_id" in body:
+        return TokenPrompt(_token_input(body["input_id"]))
+    raise invalid("Not found inputs.", "inputs")
+
+
+def _text_input(value: Any, name: str, param: str) -> str:
+    if value is None:
+        raise invalid(f"{name} must not be null", param)
+    if isinstance(value, list):
+        value = multimodal_text(value, name, param)
+    if not isinstance(value, str):
+        raise invalid(f"The type of {name.lower()} is abnormal", param)
+    if not value:
+        raise invalid(
+            f"{name} must be necessary and data type must be string and length in (0, "
+            f"{MAX_TOKEN_ID}], but the length of {name.lower()} is 0",
+            param,
+        )
+    return value
+
+
+def multimodal_text(items: list[Any], name: str, param: str) -> str:
+    """MindIE's multimodal list; only its text items can be served by this gateway."""
+    if not items:
+        raise invalid(f"{name} arr is empty", param)
+    texts = []
+    for item in items:
+        if not isinstance(item, dict) or item.get("type", "text") != "text" or "text" not in item:
+            raise Unsupported("Only text items are supported in multimodal inputs", param=param)
+        if not isinstance(item["text"], str):
+            raise invalid("Request param text must be string", param)
+        texts.append(item["text"])
+    return "".join(texts)
+
+
+def _token_input(value: Any) -> tuple[int, ...]:
+    if value is None:
+        raise invalid("Input_id should not be empty", "input_id")
+    if not isinstance(value, list):
+        raise invalid("Parameter input_id must be an array", "input_id")
+    for token_id in value:
+        if not isinstance(token_id, int) or isinstance(token_id, bool):
+            raise invalid("Parameter input_id must be integer", "input_id")
+        if not 0 <= token_id <= MAX_TOKEN_ID:
+            raise invalid("Data element in param input_id is invalid", "input_id")
+    if not value or len(value) > MAX_TOKEN_ID:
+        raise invalid(
+            f"Inputs token length must be in (0, {MAX_TOKEN_ID}], but got {len(value)}", "input_id"
+        )
+    return tuple(value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InferPlan:
+    request: GenerationRequest
+    details: bool
+    seed: int | None
+
+
+def infer_request(body: InferRequest, prompt: Prompt, *, request_id: str) -> InferPlan:
+    p = body.parameters or InferParameters()
+    _check_infer_parameters(p)
+    sample = bool(
+        p.do_sample
+        or (p.do_sample is None and (p.temperature, p.top_k, p.top_p) != (None, None, None))
+    )
+    sampling = Sampling(
+        max_new_tokens=(
+            INFER_DEFAULT_MAX_NEW_TOKENS if p.max_new_tokens is None else p.max_new_tokens
+        ),
+        temperature=(p.temperature or 1.0) if sample else 0.0,
+        top_p=(p.top_p or 1.0) if sample else 1.0,
+        top_k=(p.top_k or 0) if sample else 0,
+        seed=p.seed,
+        repetition_penalty=p.repetition_penalty or 1.0,
+    )
+    request = GenerationRequest(
+        request_id=request_id, model="", prompt=prompt, sampling=sampling,
+        stream=bool(body.stream), protocol="mindie", timeout_s=p.timeout,
+    )
+    return InferPlan(request=request, details=bool(p.details), seed=p.seed)
+
+
+def _check_infer_parameters(p: InferParameters) -> None:
+    _check_sampling(p.temperature, p.top_k, p.top_p, p.repetition_penalty)
+    if p.typical_p is not None and not 0.0 < p.typical_p <= 1.0:
+        raise invalid(f"Parameter typical_p must be in (0.0,1.0], got {p.typical_p}.", "typical_p")
+    if p.seed is not None and p.seed > MAX_INT64:
+        raise invalid(f"Parameter seed must be in [0, {MAX_INT64}], got {p.seed}.", "seed")
+    if p.priority is not None and not 1 <= p.priority <= MAX_PRIORITY:
+        raise invalid(
+            f"Parameter priority must be in [1,{MAX_PRIORITY}], got {p.priority}.", "priority"
+        )
+    if p.max_new_tokens is not None and not 0 < p.max_new_tokens <= MAX_INT32:
+        raise invalid(
+            f"Parameter max_new_tokens must be in (0,{MAX_INT32}], got {p.max_new_tokens}.",
+            "max_new_tokens",
+        )
+    if p.timeout is not None and not 0 < p.timeout <= MAX_TIMEOUT_S:
+        raise invalid(
+            "Parameter timeout must be strictly positive and small than 65535 seconds, got "
+            f"{p.timeout}.",
+            "timeout",
+        )
+    if p.watermark:
+        raise Unsupported("Parameter watermark is not supported by this server", param="watermark")
+
+
+def _check_sampling(
+    temperature: float | None, top_k: int | None, top_p: float | None,
+    repetition_penalty: float | None, *, greedy_ok: bool = False,
+) -> None:
+    """MindIE's bounds; the vLLM flavour (`greedy_ok`) also takes temperature 0, top_k -1 and
+    top_p 1."""
+    lowest = 0.0 if greedy_ok else math.nextafter(0.0, 1.0)
+    if temperature is not None and not lowest <= temperature <= MAX_FLOAT:
+        low = "[0.0" if greedy_ok else "(0.0"
+        raise invalid(
+            f"Parameter temperature must be in {low},{MAX_FLOAT:g}], got {temperature}.",
+            "temperature",
+        )
+    if top_k is not None and not (0 < top_k <= MAX_INT32 or (greedy_ok and top_k == -1)):
+        raise invalid(f"Parameter top_k must be in -1 || (0,{MAX_INT32}], got {top_k}", "top_k")
+    if top_p is not None and not (0.0 < top_p < 1.0 or (greedy_ok and top_p == 1.0)):
+        bounds = "(0.0,1.0]" if greedy_ok else "(0.0,1.0)"
+        raise invalid(f"Parameter top_p must be in {bounds}, got {top_p}.", "top_p")
+    if repetition_penalty is not None and not 0.0 < repetition_penalty <= MAX_FLOAT:
+        raise invalid(
+            f"Parameter 'repetition_penalty' must be in (0.0, {MAX_FLOAT:g}], got "
+            f"{repetition_penalty}.",
+            "repetition_penalty",
+        )
+
+
+def finish_reason(reason: FinishReason, matched_stop: str | int | None) -> str:
+    """MindIE's reasons (`GetFinishReasonStr`): aborted requests read as `stop_sequence`."""
+    if reason is FinishReason.LENGTH:
+        return "length"
+    if reason is FinishReason.ABORT or isinstance(matched_stop, str):
+        return "stop_sequence"
+    return "eos_token"
+
+
+def to_infer_response(result: GenerationResult, plan: InferPlan) -> dict[str, Any]:
+    choice = result.choices[0]
+    body: dict[str, Any] = {"generated_text": choice.text}
+    if plan.details:
+        body["details"] = {
+            "finish_reason": finish_reason(choice.finish_reason, choice.matched_stop),
+            "generated_tokens": len(choice.token_ids),
+            "generated_token_ids": list(choice.token_ids),
+            "seed": plan.seed,
+        }
+    return body
+
+
+class InferStreamEncoder:
+    """`/infer` stream events: one per token with `prefill_time` (first) or `decode_time` (ms);
+    the last token's event instead carries `generated_text`, `details` and a null token text."""
+
+    def __init__(self, plan: InferPlan, *, started_at: float) -> None:
+        self._plan = plan
+        self._last_at = started_at
+        self._count = 0
+        self._parts: list[str] = []
+        self._last_id = 0
+
+    def events(self, delta: Delta, end: ChoiceEnd | None, now: float) -> list[dict[str, Any]]:
+        ids = delta.token_ids
+        self._parts.append(delta.text)
+        elapsed = (now - self._last_at) * 1000.0 / max(len(ids), 1)
+        self._last_at = now
+        out = []
+        for i, token_id in enumerate(ids):
+            is_last = i == len(ids) - 1
+            if end is not None and is_last:
+                self._last_id = token_id
+                out.append(self._final(end, elapsed))
+                continue
+            out.append(self._timed(elapsed) | {"token": {"id": token_id,
+                                                         "text": delta.text if is_last else ""}})
+            self._last_id = token_id
+        if not ids and end is not None:
+            out.append(self._final(end, elapsed))
+        return out
+
+    def final(self, end: ChoiceEnd, now: float) -> dict[str, Any]:
+        """An end without a token of its own: the final event names the last token again."""
+        elapsed = (now - self._last_at) * 1000.0
+        return self._final(end, elapsed, counted=False)
+
+    def _timed(self, elapsed_ms: float, *, counted: bool = True) -> dict[str, Any]:
+        first = self._count == 0
+        if counted:
+            self._count += 1
+        ms = round(elapsed_ms, 3)
+        return {"prefill_time": ms if first else None, "decode_time": None if first else ms}
+
+    def _final(self, end: ChoiceEnd, elapsed_ms: float, *, counted: bool = True) -> dict[str, Any]:
+        event = self._timed(elapsed_ms, counted=counted)
+        event["generated_text"] = "".join(self._parts)
+        event["details"] = (
+            {
+                "finish_reason": finish_reason(end.reason, end.matched_stop),
+                "generated_tokens": self._count,
+                "seed": self._plan.seed,
+            }
+            if self._plan.details
+            else None
+        )
+        event["token"] = {"id": self._last_id, "text": None}
+        return event
+
+
+# ---- /generate, vLLM flavour ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VllmPlan:
+    request: GenerationRequest
+    prompt_text: str  # what the response echoes before each completion
+
+
+def vllm_request(
+    body: VllmGenerateRequest, *, request_id: str, bounds: RequestBounds
+) -> VllmPlan:
+    prompt_text = _vllm_prompt_text(body.prompt)
+    _check_sampling(body.temperature, body.top_k, body.top_p, body.repetition_penalty,
+                    greedy_ok=True)
+    n = _check_counts(body, bounds)
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    _check_stop(stop, bounds)
+    sampling = Sampling(
+        max_new_tokens=VLLM_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        seed=body.seed,
+        repetition_penalty=body.repetition_penalty or 1.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        n=n,
+        stop=stop,
+        stop_token_ids=tuple(t for t in body.stop_token_ids or () if 0 <= t <= MAX_INT32),
+        ignore_eos=bool(body.ignore_eos),
+        include_stop_str_in_output=bool(body.include_stop_str_in_output),
+        skip_special_tokens=body.skip_special_tokens is not False,
+    )
+    request = GenerationRequest(
+        request_id=request_id, model=body.model or "", prompt=TextPrompt(_full_prompt(body.prompt)),
+        sampling=sampling, stream=bool(body.stream), protocol="mindie",
+    )
+    return VllmPlan(request=request, prompt_text=prompt_text)
+
+
+def _vllm_prompt_text(prompt: str | list[dict[str, Any]]) -> str:
+    """MindIE echoes the plain prompt, or the first text item of a multimodal list."""
+    if isinstance(prompt, str):
+        return _text_input(prompt, "Prompt", "prompt")
+    _text_input(prompt, "Prompt", "prompt")
+    return next(str(item["text"]) for item in prompt if "text" in item)
+
+
+def _full_prompt(prompt: str | list[dict[str, Any]]) -> str:
+    return prompt if isinstance(prompt, str) else multimodal_text(prompt, "Prompt", "prompt")
+
+
+def _check_counts(body: VllmGenerateRequest, bounds: RequestBounds) -> int:
+    if body.max_tokens is not None and not 0 < body.max_tokens <= MAX_INT32:
+        raise invalid(
+            f"Parameter max_tokens must be (0,{MAX_INT32}], got {body.max_tokens}", "max_tokens"
+        )
+    n = 1 if body.n is None else body.n
+    limit = min(MAX_N, bounds.max_n)
+    if not 1 <= n <= limit:
+        raise invalid(f"Parameter [n] should be in [1, {limit}], got {n}. ", "n")
+    if body.best_of is not None and body.best_of != n:
+        if not n <= body.best_of <= min(MAX_N, bounds.max_best_of):
+            raise invalid("best_of must be greater than or equal to n", "best_of")
+        raise Unsupported("best_of greater than n is not supported by this server", param="best_of")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(body, name)
+        if value is not None and not -2.0 <= value <= 2.0:
+            raise invalid(f"Parameter {name} must be in [-2.0, 2.0], got {value}.", name)
+    if body.seed is not None and body.seed > MAX_INT64:
+        raise invalid(f"Parameter seed must be in [0, {MAX_INT64}], got {body.seed}.", "seed")
+    return n
+
+
+def _check_stop(stop: tuple[str, ...], bounds: RequestBounds) -> None:
+    if len(stop) > bounds.max_stop_sequences:
+        raise invalid(
+            f"Input validation error: `stop` supports up to {bounds.max_stop_sequences} stop "
+            f"sequences. Given: {len(stop)}",
+            "stop",
+        )
+    for s in stop:
+        if not 1 <= len(s) <= bounds.max_stop_length:
+            raise invalid(
+                f"Input validation error: length of `stop` must be in [1, "
+                f"{bounds.max_stop_length}], but got {len(s)}",
+                "stop",
+            )
+
+
+def to_vllm_response(result: GenerationResult, plan: VllmPlan) -> dict[str, Any]:
+    """`{"text": ["<prompt> <completion>", ...]}`: MindIE joins prompt and output with a space."""
+    prefix = plan.prompt_text + " "
+    return {"text": [prefix + choice.text for choice in result.choices]}
+
+
+def vllm_chunk(delta: Delta, n: int) -> dict[str, Any]:
+    """One stream chunk: this choice's new text, "" for the others."""
+    texts = [""] * n
+    texts[delta.choice] = delta.text
+    return {"text": texts}
+
+
+# ---- /v1/tokenizer -----------------------------------------------------------------------------
+
+
+def to_tokenizer_response(token_ids: Sequence[int], texts: Sequence[str]) -> dict[str, Any]:
+    return {"token_number": len(token_ids), "tokens": list(texts)}
