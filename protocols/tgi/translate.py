@@ -366,6 +366,7 @@ class StreamEncoder:
         self._r = r
         self._input_length = input_length
         self._index = 0
+        self._generated = 0
         self._parts: list[str] = []
 
     def events(self, delta: Delta, end: ChoiceEnd | None) -> list[dict[str, Any]]:
@@ -388,15 +389,16 @@ class StreamEncoder:
     def final(self, end: ChoiceEnd) -> dict[str, Any]:
         """An end that came without a token of its own (an abort, or an engine that ends late)."""
         eos = self._r.eos_token_id
-        event = self._event(eos if eos is not None else 0, "", None, end)
+        event = self._event(eos if eos is not None else 0, "", None, end, generated=False)
         event["token"]["special"] = True
-        self._index -= 1  # not a generated token
         return event
 
     def _event(
-        self, token_id: int, text: str, entry: TokenLogprob | None, end: ChoiceEnd | None
+        self, token_id: int, text: str, entry: TokenLogprob | None, end: ChoiceEnd | None,
+        *, generated: bool = True,
     ) -> dict[str, Any]:
         self._index += 1
+        self._generated += generated
         self._parts.append(text)
         event: dict[str, Any] = {
             "index": self._index,
@@ -411,7 +413,7 @@ class StreamEncoder:
             if self._r.plan.details:
                 event["details"] = {
                     "finish_reason": finish_reason(end.reason, end.matched_stop),
-                    "generated_tokens": self._index,
+                    "generated_tokens": self._generated,
                     "seed": self._r.plan.seed,
                     "input_length": self._input_length,
                 }
