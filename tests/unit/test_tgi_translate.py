@@ -193,7 +193,8 @@ def test_inputs_plus_max_new_tokens_over_the_total_is_refused() -> None:
 
 
 def test_inputs_longer_than_the_input_limit_are_refused() -> None:
-    with pytest.raises(InvalidRequest, match=r"`inputs` must have less than 511 tokens\. Given: 512"):
+    expected = r"`inputs` must have less than 511 tokens\. Given: 512"
+    with pytest.raises(InvalidRequest, match=expected):
         translate.to_generation_request(plan_of(), [1] * 512, request_id="r", limits=LIMITS)
 
 
