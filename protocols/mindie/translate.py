@@ -289,7 +289,7 @@ def vllm_request(
         max_new_tokens=VLLM_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0,
+        top_k=max(body.top_k or 0, 0),  # -1: off
         seed=body.seed,
         repetition_penalty=body.repetition_penalty or 1.0,
         presence_penalty=body.presence_penalty or 0.0,

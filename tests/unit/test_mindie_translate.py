@@ -1,0 +1,304 @@
+"""MindIE native translation and error table, without a server: `/infer` prompts and bounds,
+stream events with prefill/decode times, the vLLM flavour of `/generate`, `/v1/tokenizer`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from protocols._common import jsonio
+from protocols._common.context import RequestBounds
+from protocols.mindie import errors, translate
+from protocols.mindie.schema import InferRequest, VllmGenerateRequest
+from server.core.errors import (
+    AdapterNotFound,
+    EngineError,
+    GatewayError,
+    InvalidRequest,
+    Overloaded,
+    RequestNotFound,
+    ServiceUnavailable,
+    Unsupported,
+)
+from server.core.types import (
+    Choice,
+    ChoiceEnd,
+    Delta,
+    FinishReason,
+    GenerationResult,
+    Started,
+    TextPrompt,
+    TokenPrompt,
+    Usage,
+)
+
+
+def infer_plan(stream: bool = False, **parameters: Any) -> translate.InferPlan:
+    body = InferRequest.model_validate({"stream": stream, "parameters": parameters})
+    return translate.infer_request(body, TextPrompt("hi"), request_id="r1")
+
+
+def infer_rejection(**parameters: Any) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as caught:
+        infer_plan(**parameters)
+    return caught.value
+
+
+# ---- /infer prompts ------------------------------------------------------------------------------
+
+
+def test_inputs_become_a_text_prompt_and_input_id_a_token_prompt() -> None:
+    assert translate.infer_prompt({"inputs": "Hello"}) == TextPrompt("Hello")
+    assert translate.infer_prompt({"input_id": [1, 2, 3]}) == TokenPrompt((1, 2, 3))
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"inputs": "a", "input_id": [1]}, "Input conflict."),
+        ({}, "Not found inputs."),
+        ({"inputs": None}, "Inputs must not be null"),
+        ({"inputs": 5}, "The type of inputs is abnormal"),
+        ({"inputs": ""}, "Inputs must be necessary and data type must be string"),
+        ({"inputs": []}, "Inputs arr is empty"),
+        ({"input_id": None}, "Input_id should not be empty"),
+        ({"input_id": "1 2"}, "Parameter input_id must be an array"),
+        ({"input_id": [1, "2"]}, "Parameter input_id must be integer"),
+        ({"input_id": [1, True]}, "Parameter input_id must be integer"),
+        ({"input_id": [-1]}, "Data element in param input_id is invalid"),
+        ({"input_id": [2_000_000]}, "Data element in param input_id is invalid"),
+        ({"input_id": []}, "Inputs token length must be in (0, 1048576], but got 0"),
+    ],
+)
+def test_bad_prompts_get_mindie_messages(body: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        translate.infer_prompt(body)
+    assert caught.value.message.startswith(message)
+
+
+def test_multimodal_text_items_are_joined() -> None:
+    prompt = translate.infer_prompt({"inputs": [{"type": "text", "text": "a"}, {"text": "b"}]})
+    assert prompt == TextPrompt("ab")
+
+
+def test_multimodal_media_is_unsupported() -> None:
+    with pytest.raises(Unsupported):
+        translate.infer_prompt({"inputs": [{"type": "image_url", "image_url": "/x.png"}]})
+
+
+# ---- /infer parameters ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"temperature": 0}, "Parameter temperature must be in (0.0,"),
+        ({"top_k": 0}, "Parameter top_k must be in"),
+        ({"top_p": 1.0}, "Parameter top_p must be in (0.0,1.0), got 1.0."),
+        ({"typical_p": 0}, "Parameter typical_p must be in (0.0,1.0]"),
+        ({"repetition_penalty": 0}, "Parameter 'repetition_penalty' must be in (0.0,"),
+        ({"priority": 6}, "Parameter priority must be in [1,5], got 6."),
+        ({"max_new_tokens": 0}, "Parameter max_new_tokens must be in (0,2147483647], got 0."),
+        ({"timeout": 70000}, "Parameter timeout must be strictly positive"),
+        ({"seed": 2**63}, "Parameter seed must be in [0, 9223372036854775807]"),
+    ],
+)
+def test_out_of_range_parameters_get_mindie_messages(
+    parameters: dict[str, Any], message: str
+) -> None:
+    assert infer_rejection(**parameters).message.startswith(message)
+
+
+def test_watermark_is_reported_unsupported() -> None:
+    with pytest.raises(Unsupported):
+        infer_plan(watermark=True)
+
+
+def test_infer_defaults_to_twenty_greedy_tokens() -> None:
+    request = infer_plan().request
+    assert request.sampling.max_new_tokens == 20 and request.sampling.temperature == 0.0
+    assert request.request_id == "r1" and request.model == "" and request.protocol == "mindie"
+
+
+def test_sampling_knobs_turn_sampling_on_unless_do_sample_is_false() -> None:
+    assert infer_plan(temperature=0.7).request.sampling.temperature == 0.7
+    assert infer_plan(temperature=0.7, do_sample=False).request.sampling.temperature == 0.0
+    assert infer_plan(do_sample=True).request.sampling.temperature == 1.0
+
+
+def test_timeout_becomes_the_request_deadline() -> None:
+    assert infer_plan(timeout=30).request.timeout_s == 30
+
+
+def test_request_id_must_match_mindie_pattern() -> None:
+    with pytest.raises(Exception, match="String should match pattern"):
+        InferRequest.model_validate({"id": "bad id!"})
+    assert InferRequest.model_validate({"id": "ok_id-1"}).id == "ok_id-1"
+
+
+# ---- /infer responses ----------------------------------------------------------------------------
+
+
+def result(*choices: Choice) -> GenerationResult:
+    return GenerationResult(
+        request_id="r",
+        model="",
+        prompt=Started(prompt_token_ids=(1, 9)),
+        choices=choices,
+        usage=Usage(prompt_tokens=2, completion_tokens=3),
+    )
+
+
+CHOICE = Choice(index=0, text=" a b", finish_reason=FinishReason.LENGTH, token_ids=(10, 11, 12))
+
+
+def test_infer_response_without_details_is_only_the_text() -> None:
+    assert translate.to_infer_response(result(CHOICE), infer_plan()) == {"generated_text": " a b"}
+
+
+def test_infer_response_details_list_the_generated_ids() -> None:
+    out = translate.to_infer_response(result(CHOICE), infer_plan(details=True, seed=7))
+    assert out["details"] == {
+        "finish_reason": "length",
+        "generated_tokens": 3,
+        "generated_token_ids": [10, 11, 12],
+        "seed": 7,
+    }
+
+
+def test_infer_stream_first_event_has_prefill_time_then_decode_times() -> None:
+    encoder = translate.InferStreamEncoder(infer_plan(True, details=True), started_at=0.0)
+    first = encoder.events(Delta(choice=0, text=" a", token_ids=(10,)), None, 0.050)
+    second = encoder.events(Delta(choice=0, text=" b", token_ids=(11,)), None, 0.060)
+    last = encoder.events(
+        Delta(choice=0, text=" c", token_ids=(12,)),
+        ChoiceEnd(choice=0, reason=FinishReason.STOP),
+        0.075,
+    )
+    assert first == [{"prefill_time": 50.0, "decode_time": None, "token": {"id": 10, "text": " a"}}]
+    assert second[0]["prefill_time"] is None and second[0]["decode_time"] == pytest.approx(10.0)
+    assert list(last[0]) == ["prefill_time", "decode_time", "generated_text", "details", "token"]
+    assert last[0]["generated_text"] == " a b c"
+    assert last[0]["token"] == {"id": 12, "text": None}
+    assert last[0]["details"] == {"finish_reason": "eos_token", "generated_tokens": 3, "seed": None}
+
+
+def test_infer_stream_details_are_null_without_details() -> None:
+    encoder = translate.InferStreamEncoder(infer_plan(True), started_at=0.0)
+    last = encoder.events(
+        Delta(choice=0, text="x", token_ids=(5,)),
+        ChoiceEnd(choice=0, reason=FinishReason.LENGTH),
+        0.01,
+    )
+    assert last[0]["details"] is None and last[0]["generated_text"] == "x"
+
+
+def test_infer_stream_end_without_a_token_repeats_the_last_id() -> None:
+    encoder = translate.InferStreamEncoder(infer_plan(True, details=True), started_at=0.0)
+    encoder.events(Delta(choice=0, text="x", token_ids=(5,)), None, 0.01)
+    final = encoder.final(ChoiceEnd(choice=0, reason=FinishReason.ABORT), 0.02)
+    assert final["token"] == {"id": 5, "text": None}
+    assert final["details"]["generated_tokens"] == 1
+    assert final["details"]["finish_reason"] == "stop_sequence"
+
+
+# ---- /generate, vLLM flavour ---------------------------------------------------------------------
+
+
+def vllm_plan(**body: Any) -> translate.VllmPlan:
+    return translate.vllm_request(
+        VllmGenerateRequest.model_validate({"prompt": "Hello", **body}),
+        request_id="r",
+        bounds=RequestBounds(),
+    )
+
+
+def test_vllm_flavour_reads_sampling_fields_at_the_top_level() -> None:
+    plan = vllm_plan(max_tokens=5, temperature=0, top_k=-1, top_p=1.0, n=2, stop="x", model="a1")
+    s = plan.request.sampling
+    assert (s.max_new_tokens, s.temperature, s.top_k, s.top_p, s.n, s.stop) == (
+        5,
+        0,
+        0,
+        1.0,
+        2,
+        ("x",),
+    )
+    assert plan.request.model == "a1" and plan.prompt_text == "Hello"
+
+
+def test_vllm_flavour_defaults_to_sixteen_tokens() -> None:
+    assert vllm_plan().request.sampling.max_new_tokens == 16
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"max_tokens": 0}, "Parameter max_tokens must be (0,"),
+        ({"n": 0}, "Parameter [n] should be in [1, 16], got 0."),
+        ({"temperature": -1}, "Parameter temperature must be in [0.0,"),
+        ({"top_p": 0}, "Parameter top_p must be in (0.0,1.0]"),
+        ({"presence_penalty": 3}, "Parameter presence_penalty must be in [-2.0, 2.0]"),
+        ({"stop": [""]}, "Input validation error: length of `stop` must be in [1, 1024]"),
+        ({"best_of": 1, "n": 2}, "best_of must be greater than or equal to n"),
+    ],
+)
+def test_vllm_flavour_bounds(body: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        vllm_plan(**body)
+    assert caught.value.message.startswith(message)
+
+
+def test_vllm_flavour_best_of_above_n_is_unsupported() -> None:
+    with pytest.raises(Unsupported):
+        vllm_plan(best_of=2)
+
+
+def test_vllm_response_joins_prompt_and_completion_with_a_space() -> None:
+    two = (CHOICE, Choice(index=1, text=" z", finish_reason=FinishReason.STOP))
+    out = translate.to_vllm_response(result(*two), vllm_plan())
+    assert out == {"text": ["Hello  a b", "Hello  z"]}
+
+
+def test_vllm_stream_chunk_fills_only_its_choice() -> None:
+    assert translate.vllm_chunk(Delta(choice=1, text="x"), 3) == {"text": ["", "x", ""]}
+
+
+def test_vllm_multimodal_prompt_echoes_its_first_text_item() -> None:
+    plan = vllm_plan(prompt=[{"type": "text", "text": "Hi"}])
+    assert plan.prompt_text == "Hi" and plan.request.prompt == TextPrompt("Hi")
+
+
+# ---- /v1/tokenizer and errors ----------------------------------------------------------------
+
+
+def test_tokenizer_response_counts_and_lists_tokens() -> None:
+    assert translate.to_tokenizer_response([1, 2], ["<s>", "a"]) == {
+        "token_number": 2,
+        "tokens": ["<s>", "a"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "reason"),
+    [
+        (InvalidRequest("bad"), 422, "Input Validation Error"),
+        (Unsupported("no"), 422, "Input Validation Error"),
+        (AdapterNotFound("gone"), 404, "NotFoundError"),
+        (RequestNotFound("RequestId is x not found."), 404, "NotFoundError"),
+        (Overloaded(), 429, "Too Many Requests"),
+        (ServiceUnavailable("The service has been stopped."), 503, "Service Unavailable"),
+        (EngineError("boom"), 500, "Incomplete Generation"),
+    ],
+)
+def test_error_table(exc: GatewayError, status: int, reason: str) -> None:
+    response = errors.render(exc)
+    assert response.status_code == status
+    assert jsonio.loads(bytes(response.body)) == {"error": exc.message, "error_type": reason}
+
+
+def test_stream_errors_are_framed_per_route() -> None:
+    assert errors.stream_error(EngineError("x")).startswith(b"data: {")
+    chunk = errors.chunk_error(EngineError("x"))
+    assert chunk.endswith(b"\0") and jsonio.loads(chunk[:-1])["error"] == "x"
