@@ -1,8 +1,9 @@
-"""Assembly: settings + engine → service, registry, lifecycle → one ASGI app per listener.
+"""Assembly: settings + engine → service, registry, lifecycle, metrics → one ASGI app per listener.
 
 Every protocol package exposes `routes.data_routes(ctx)` (inference and its own health/info
 routes) and may expose `routes.management_routes(ctx)` (adapter management). Paths that several
-protocols claim are dispatched here by the keys of the JSON body.
+protocols claim are dispatched here by the keys of the JSON body. The management listener adds
+the control router (server/control.py), the metrics listener `/metrics` and `/metrics-json`.
 """
 
 from __future__ import annotations
@@ -14,22 +15,36 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from protocols._common.context import ProtocolContext, RequestBounds
+from protocols._common.guard import Endpoint
 from protocols._common.replay import body_dispatch, has_key
 from protocols.djl import routes as djl
 from protocols.kserve_v2 import routes as kserve_v2
 from protocols.mindie import routes as mindie
 from protocols.openai_v1 import routes as openai_v1
 from protocols.tgi import routes as tgi
-from server import __version__
+from server import __version__, control
 from server.core.adapter_files import AdapterRules, BaseModelShape
 from server.core.adapters import AdapterLimits, AdapterRegistry
 from server.core.engine import Engine
 from server.core.lifecycle import Lifecycle
 from server.core.service import InferenceService, Limits, RequestObserver
+from server.logs import RequestLog
+from server.metrics import (
+    SCOPE_PROTOCOL,
+    GatewayMetrics,
+    HttpMetricsMiddleware,
+    protocol_label,
+)
+from server.metrics import (
+    metrics_routes as metrics_endpoints,
+)
 from server.middleware import RequestIdMiddleware
 from server.settings import Settings, resolve_path
 
@@ -45,10 +60,19 @@ class Gateway:
     adapters: AdapterRegistry
     service: InferenceService
     context: ProtocolContext
+    metrics: GatewayMetrics
+    registries: tuple[CollectorRegistry, ...]  # /metrics: the engine's (vllm:) first, then ours
     stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
-    extra_routes: dict[str, list[BaseRoute]] = field(default_factory=dict)
+    force_requested: asyncio.Event = field(default_factory=asyncio.Event)
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def request_stop(self) -> None:
+    def request_stop(self, *, force: bool = False) -> None:
+        """SIGTERM, SIGINT and GET /stopService all land here. Readiness turns 503 at once;
+        the runtime then drains (server/runtime.py `drain`) and sets `drained`. Force aborts
+        in-flight requests now instead of waiting for them. Calling it again is harmless."""
+        self.lifecycle.begin_drain()
+        if force:
+            self.force_requested.set()
         self.stop_requested.set()
 
 
@@ -77,14 +101,24 @@ def build_gateway(
             )
         ),
     )
+    registry = CollectorRegistry()
+    logging_settings = settings.LoggingConfig
+    metrics = GatewayMetrics(
+        registry,
+        request_log=RequestLog(
+            log_prompts=logging_settings.logPrompts,
+            level=logging.INFO if logging_settings.accessLog else logging.DEBUG,
+        ),
+    )
     service = InferenceService(
         engine=engine,
         adapters=adapters,
         lifecycle=lifecycle,
         limits=service_limits(settings),
         base_names=base_names,
-        observer=observer,
+        observer=observer or metrics,
     )
+    metrics.bind(service)
     context = ProtocolContext(
         service=service,
         max_body_bytes=settings.ServerConfig.maxRequestLength * 1024 * 1024,
@@ -100,6 +134,8 @@ def build_gateway(
         adapters=adapters,
         service=service,
         context=context,
+        metrics=metrics,
+        registries=(REGISTRY, registry),
     )
 
 
@@ -169,22 +205,24 @@ def shared_routes(ctx: ProtocolContext) -> list[BaseRoute]:
     """Paths several protocols claim, dispatched by body keys."""
     limit = ctx.max_body_bytes
     generate = body_dispatch(
-        [(has_key("prompt"), mindie.vllm_generate(ctx))], tgi.generate(ctx), max_bytes=limit
+        [(has_key("prompt"), tagged("mindie", mindie.vllm_generate(ctx)))],
+        tagged("tgi", tgi.generate(ctx)),
+        max_bytes=limit,
     )
     invocations = body_dispatch(
         [
-            (has_key("messages"), openai_v1.chat_completions(ctx)),
-            (has_key("prompt"), openai_v1.completions(ctx)),
+            (has_key("messages"), tagged("openai", openai_v1.chat_completions(ctx))),
+            (has_key("prompt"), tagged("openai", openai_v1.completions(ctx))),
         ],
-        djl.invocations(ctx),
+        tagged("djl", djl.invocations(ctx)),
         max_bytes=limit,
     )
     tokenize = body_dispatch(
         [
-            (has_key("prompt"), openai_v1.tokenize(ctx)),
-            (has_key("messages"), openai_v1.tokenize(ctx)),
+            (has_key("prompt"), tagged("openai", openai_v1.tokenize(ctx))),
+            (has_key("messages"), tagged("openai", openai_v1.tokenize(ctx))),
         ],
-        tgi.tokenize(ctx),
+        tagged("tgi", tgi.tokenize(ctx)),
         max_bytes=limit,
     )
     return [
@@ -194,44 +232,85 @@ def shared_routes(ctx: ProtocolContext) -> list[BaseRoute]:
     ]
 
 
-RouteSource = Callable[[Gateway], list[BaseRoute]]
+def tagged(protocol: str, endpoint: Endpoint) -> Endpoint:
+    """Name the protocol a body-dispatched request went to, for the HTTP metrics."""
+
+    async def run(request: Request) -> Response:
+        request.scope[SCOPE_PROTOCOL] = protocol
+        return await endpoint(request)
+
+    return run
 
 
-def data_routes(gateway: Gateway) -> list[BaseRoute]:
+RouteGroup = tuple[str, list[BaseRoute]]  # (protocol label for the metrics, routes)
+RouteSource = Callable[[Gateway], list[RouteGroup]]
+
+
+def _label(protocol: object) -> str:
+    return protocol_label(getattr(protocol, "__name__", "").split(".")[-2:][0])
+
+
+def data_routes(gateway: Gateway) -> list[RouteGroup]:
     ctx = gateway.context
-    routes = shared_routes(ctx)
+    groups: list[RouteGroup] = [("other", shared_routes(ctx))]  # `tagged` names the protocol
     for protocol in PROTOCOLS:
-        routes += protocol.data_routes(ctx)
-    return routes
+        groups.append((_label(protocol), protocol.data_routes(ctx)))
+    return groups
 
 
-def management_routes(gateway: Gateway) -> list[BaseRoute]:
-    routes: list[BaseRoute] = list(gateway.extra_routes.get("management", []))
+def management_routes(gateway: Gateway) -> list[RouteGroup]:
+    groups: list[RouteGroup] = [("control", control.control_routes(gateway))]
     for protocol in PROTOCOLS:
         build = getattr(protocol, "management_routes", None)
         if build is not None:
-            routes += build(gateway.context)
-    return routes
+            groups.append((_label(protocol), build(gateway.context)))
+    return [*groups, *metrics_routes(gateway)]  # MindIE serves /metrics* on management too
 
 
-def metrics_routes(gateway: Gateway) -> list[BaseRoute]:
-    return list(gateway.extra_routes.get("metrics", []))
+def metrics_routes(gateway: Gateway) -> list[RouteGroup]:
+    server = gateway.settings.ServerConfig
+    instance = f"{server.managementIpAddress or server.ipAddress}:{server.managementPort}"
+    lifecycle = gateway.lifecycle
+    routes = metrics_endpoints(
+        gateway.service,
+        gateway.metrics,
+        registries=gateway.registries,
+        instance=instance,
+        guard=lambda: control.unavailable(lifecycle),
+    )
+    return [("metrics", routes)]
 
 
-ROLE_ROUTES: dict[str, RouteSource] = {
-    "management": management_routes,
-    "metrics": metrics_routes,
-    "data": data_routes,
-}
+def health_routes(gateway: Gateway) -> list[RouteGroup]:
+    return [("control", control.health_routes(gateway))]
+
+
+# Route order on a listener: control first; MindIE's health family last, so that on a port
+# shared with the data plane each protocol's own health shape wins.
+LISTENER_ROUTES: tuple[tuple[str, RouteSource], ...] = (
+    ("management", management_routes),
+    ("metrics", metrics_routes),
+    ("data", data_routes),
+    ("management", health_routes),
+)
 
 
 def listener_app(gateway: Gateway, roles: tuple[str, ...]) -> Starlette:
-    """One Starlette app serving the routes of every role a listener has (control routes first)."""
-    routes: list[BaseRoute] = []
-    for role in ("management", "metrics", "data"):
-        if role in roles:
-            routes += ROLE_ROUTES[role](gateway)
-    app = Starlette(routes=_dedupe(routes))
+    """One Starlette app serving the routes of every role a listener has."""
+    groups = [g for role, source in LISTENER_ROUTES if role in roles for g in source(gateway)]
+    owners = {id(route): label for label, routes in groups for route in routes}
+    handlers = None if "data" in roles else control.EXCEPTION_HANDLERS
+    app = Starlette(
+        routes=_dedupe([route for _, routes in groups for route in routes]),
+        exception_handlers=handlers,
+    )
+    app.add_middleware(
+        HttpMetricsMiddleware,
+        metrics=gateway.metrics,
+        owners=owners,
+        access_log=gateway.settings.LoggingConfig.accessLog,
+    )
+    app.add_middleware(control.DrainMiddleware, lifecycle=gateway.lifecycle)
     app.add_middleware(RequestIdMiddleware)
     return app
 

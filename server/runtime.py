@@ -21,8 +21,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.core.engine import Engine
-from server.core.errors import ServiceUnavailable
-from server.core.lifecycle import Lifecycle
+from server.core.errors import GatewayError, ServiceUnavailable
+from server.core.lifecycle import Lifecycle, State
 from server.gateway import Gateway, build_gateway, listener_app, register_startup_adapters
 from server.settings import Settings
 from server.tls import build_context, check_bind_address, tls_files
@@ -30,6 +30,7 @@ from server.tls import build_context, check_bind_address, tls_files
 logger = logging.getLogger("gateway")
 EngineFactory = Callable[[Settings], Coroutine[Any, Any, Engine]]
 Hook = Callable[[Gateway], None]
+ABORT_GRACE_S = 5.0  # after aborting on drain timeout, how long aborted requests get to end
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,7 +63,8 @@ def plan_listeners(settings: Settings) -> list[Listener]:
 
 
 class SwappableApp:
-    """Answers 503 while the engine starts, then delegates to the real app."""
+    """Answers 503 while the engine starts (liveness 200: the process is up), then delegates
+    to the real app."""
 
     def __init__(self, lifecycle: Lifecycle) -> None:
         self.lifecycle = lifecycle
@@ -73,6 +75,9 @@ class SwappableApp:
             await self.app(scope, receive, send)
             return
         if scope["type"] != "http":
+            return
+        if scope["path"] == "/v2/health/live" and self.lifecycle.state is State.STARTING:
+            await Response(status_code=200)(scope, receive, send)
             return
         response: Response = JSONResponse(
             {
@@ -103,7 +108,7 @@ def uvicorn_config(app: ASGIApp, listener: Listener, settings: Settings) -> uvic
         loop="uvloop",
         http="httptools",
         lifespan="off",
-        access_log=settings.LoggingConfig.accessLog,
+        access_log=False,  # server/metrics.py writes the access log, with the request id
         log_config=None,
         timeout_keep_alive=int(settings.ServerConfig.keepAliveTimeout),
         timeout_graceful_shutdown=int(settings.LimitsConfig.drainTimeout) + 5,
@@ -119,7 +124,7 @@ def uvicorn_config(app: ASGIApp, listener: Listener, settings: Settings) -> uvic
 async def serve(
     settings: Settings, engine_factory: EngineFactory, *, on_gateway: Hook | None = None
 ) -> int:
-    """Run until stopped. Returns the process exit code."""
+    """Run until stopped. Returns the process exit code: 0 after a stop, 1 if the engine failed."""
     lifecycle = Lifecycle()
     listeners = plan_listeners(settings)
     holders = [SwappableApp(lifecycle) for _ in listeners]
@@ -128,10 +133,10 @@ async def serve(
         for h, ln in zip(holders, listeners, strict=True)
     ]
     tasks = [asyncio.create_task(s.serve()) for s in servers]
-    stop = asyncio.Event()
-    _install_signals(stop)
+    signals = StopSignals()
+    signals.install()
     try:
-        engine = await _start_engine(settings, engine_factory, stop)
+        engine = await _start_engine(settings, engine_factory, signals.stop)
     except Exception as exc:
         logger.exception("engine failed to start")
         lifecycle.fail(str(exc))
@@ -141,7 +146,8 @@ async def serve(
         await _close_servers(servers, tasks)
         return 0
     gateway = build_gateway(settings, engine, lifecycle=lifecycle)
-    gateway.stop_requested = stop
+    gateway.stop_requested = signals.stop
+    signals.gateway = gateway
     if on_gateway is not None:
         on_gateway(gateway)
     await register_startup_adapters(gateway)
@@ -151,22 +157,76 @@ async def serve(
     logger.info(
         "ready: %s", ", ".join(f"{ln.host}:{ln.port} {'+'.join(ln.roles)}" for ln in listeners)
     )
-    await stop.wait()
+    watchdog = asyncio.create_task(watch_engine(gateway))
+    await signals.stop.wait()
     await drain(gateway)
+    watchdog.cancel()
     await _close_servers(servers, tasks)
     await engine.shutdown()
     lifecycle.stopped()
-    return 0
+    logger.info("stopped")
+    return 1 if lifecycle.state is State.FAILED else 0
+
+
+class StopSignals:
+    """SIGTERM and SIGINT: the first one drains (as GET /stopService does), a second forces."""
+
+    def __init__(self) -> None:
+        self.stop = asyncio.Event()
+        self.gateway: Gateway | None = None
+        self.received = 0
+
+    def install(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.handle, sig)
+
+    def handle(self, sig: signal.Signals) -> None:
+        self.received += 1
+        force = self.received > 1
+        logger.info("%s: %s", sig.name, "forcing the stop" if force else "draining")
+        if self.gateway is None:
+            self.stop.set()
+        else:
+            self.gateway.request_stop(force=force)
 
 
 async def drain(gateway: Gateway) -> None:
-    """Stop admitting, wait for in-flight requests, abort the rest with an in-band error."""
-    gateway.lifecycle.begin_drain()
+    """Stop admitting; wait for in-flight requests (queued ones included) up to drainTimeout,
+    or not at all when forced; abort the rest with an in-band error; then set `drained`."""
+    lifecycle = gateway.lifecycle
+    lifecycle.begin_drain()
     timeout = gateway.settings.LimitsConfig.drainTimeout
-    if not await gateway.lifecycle.wait_idle(timeout):
+    logger.info("draining %d requests (timeout %ss)", lifecycle.inflight, timeout)
+    if not await _idle_unless_forced(gateway, timeout):
         aborted = gateway.service.abort_all(ServiceUnavailable("The server is shutting down."))
-        logger.warning("drain timeout (%ss): aborted %d requests", timeout, aborted)
-        await gateway.lifecycle.wait_idle(5.0)
+        logger.warning("drain ended before idle: aborted %d requests", aborted)
+        await lifecycle.wait_idle(ABORT_GRACE_S)
+    gateway.drained.set()
+
+
+async def _idle_unless_forced(gateway: Gateway, timeout: float) -> bool:
+    """True once nothing is in flight; False on timeout or when a forced stop arrives."""
+    idle = asyncio.create_task(gateway.lifecycle.wait_idle(timeout))
+    forced = asyncio.create_task(gateway.force_requested.wait())
+    done, pending = await asyncio.wait({idle, forced}, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    return idle in done and idle.result() and not forced.done()
+
+
+async def watch_engine(gateway: Gateway) -> None:
+    """Poll the engine; once it is dead the lifecycle is FAILED: health turns 500, new
+    requests 503. Failure is final (vLLM cannot restart its engine in-process)."""
+    interval = gateway.settings.LimitsConfig.engineCheckInterval
+    lifecycle = gateway.lifecycle
+    while interval > 0 and lifecycle.state in (State.READY, State.DRAINING):
+        await asyncio.sleep(interval)
+        try:
+            await gateway.engine.check_health()
+        except GatewayError as exc:
+            logger.error("engine failed its health check: %s", exc.message)
+            lifecycle.fail(exc.message)
 
 
 async def _start_engine(
@@ -187,9 +247,3 @@ async def _close_servers(servers: list[GatewayServer], tasks: list[asyncio.Task[
     for server in servers:
         server.should_exit = True
     await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _install_signals(stop: asyncio.Event) -> None:
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)

@@ -1,4 +1,9 @@
-"""The one lifecycle every health route reads: state, role and the in-flight count."""
+"""The one lifecycle every health route reads: state, role and the in-flight count.
+
+STARTING → READY → DRAINING → STOPPED, or FAILED from any state (engine start or engine death).
+The role (MindIE PD roles) gates admission: a `decode` instance takes work only from prefill
+peers, never new requests from clients.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +26,11 @@ class Role(StrEnum):
     DECODE = "decode"
     FLEX = "flex"
 
+    @property
+    def admits_requests(self) -> bool:
+        """Whether clients may send new requests to an instance with this role."""
+        return self is not Role.DECODE
+
 
 class Lifecycle:
     def __init__(self, *, role: Role = Role.FLEX) -> None:
@@ -38,6 +48,14 @@ class Lifecycle:
     @property
     def live(self) -> bool:
         return self.state is not State.FAILED
+
+    def switch_role(self, role: Role) -> bool:
+        """Take a new role. Refused (False) unless READY: a draining, stopped or failed instance
+        keeps the role it had."""
+        if self.state is not State.READY:
+            return False
+        self.role = role
+        return True
 
     def ready(self) -> None:
         if self.state is State.STARTING:

@@ -8,11 +8,18 @@ n are honoured. Every request and abort is recorded for assertions.
 from __future__ import annotations
 
 import asyncio
+import os
 import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from server.core.errors import AdapterInvalid, ContextLengthExceeded, EngineError, GatewayError
+from server.core.errors import (
+    AdapterInvalid,
+    ContextLengthExceeded,
+    EngineError,
+    GatewayError,
+    ServiceUnavailable,
+)
 from server.core.types import (
     AdapterHandle,
     ChatPrompt,
@@ -41,6 +48,7 @@ class FakeScript:
     reject_with: GatewayError | None = None  # raise before the first token
     hang_after: int | None = None  # block after N tokens until aborted
     bad_adapter_paths: set[str] = field(default_factory=set)
+    dead_flag_path: str | None = None  # check_health fails while this file exists
 
 
 def render(prompt: TextPrompt | ChatPrompt | TokenPrompt) -> str:
@@ -90,8 +98,12 @@ class FakeEngine:
             self._aborts.pop(engine_request_id, None)
 
     async def _choice(
-        self, request: GenerationRequest, words: list[str], choice: int,
-        adapter: AdapterHandle | None, abort: asyncio.Event,
+        self,
+        request: GenerationRequest,
+        words: list[str],
+        choice: int,
+        adapter: AdapterHandle | None,
+        abort: asyncio.Event,
     ) -> AsyncIterator[GenerationEvent]:
         limit = request.sampling.max_new_tokens or 16
         text = ""
@@ -131,7 +143,9 @@ class FakeEngine:
             event.set()
 
     async def check_health(self) -> None:
-        return None
+        flag = self.script.dead_flag_path
+        if flag is not None and os.path.exists(flag):  # noqa: ASYNC240 (a stat, test only)
+            raise ServiceUnavailable("engine is dead: scripted failure")
 
     async def add_adapter(self, adapter: AdapterHandle) -> None:
         if adapter.path in self.script.bad_adapter_paths:
@@ -157,9 +171,17 @@ class FakeEngine:
 
     def info(self) -> EngineInfo:
         return EngineInfo(
-            model_name=self.model_name, model_path=f"/models/{self.model_name}",
-            max_model_len=512, vocab_size=VOCAB, dtype="float32", version="fake",
-            max_lora_rank=8, max_loras=2, max_cpu_loras=4, max_num_seqs=32, block_size=16,
+            model_name=self.model_name,
+            model_path=f"/models/{self.model_name}",
+            max_model_len=512,
+            vocab_size=VOCAB,
+            dtype="float32",
+            version="fake",
+            max_lora_rank=8,
+            max_loras=2,
+            max_cpu_loras=4,
+            max_num_seqs=32,
+            block_size=16,
             eos_token_id=2,
         )
 

@@ -1,0 +1,421 @@
+"""The control router: MindIE's management routes on the management listener.
+
+Routes (PROTOCOLS.md §5.1–5.2): `GET /stopService` (graceful drain, `?mode=Force` aborts),
+`GET /v1/status` and `/v2/status`, `GET /v1/config`, `POST /v1/role/{prefill|decode|flex}` and
+`/v2/role/{prefill|decode}`, `GET /health/timed[-{seconds}]` (a real one-token generation),
+and the health family `/v2/health/live|ready`, `/v2/models/{m}/ready`, `/health`,
+`/v2/models/{m}/getSlotCount`. Every answer reads the one `Lifecycle`; errors use MindIE's
+envelope `{"error": message, "error_type": reason}`.
+
+Liveness and readiness (RELIABILITY_PERF.md B.2): live is 200 while the process serves, even
+while draining (a liveness failure would kill a draining pod), and 500 once the engine failed;
+ready is 503 while draining, stopped or saturated (MindIE "busy"), 500 once the engine failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from protocols._common import jsonio
+from protocols._common.http import json_response
+from server.core.errors import GatewayError, Overloaded
+from server.core.lifecycle import Lifecycle, Role, State
+from server.core.service import InferenceService
+from server.core.types import GenerationRequest, Sampling, TextPrompt
+from server.settings import redacted
+
+if TYPE_CHECKING:
+    from server.gateway import Gateway
+
+REASONS = {
+    400: "Bad Request",
+    404: "NotFoundError",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    422: "Input Validation Error",
+    500: "Incomplete Generation",
+    503: "Service Unavailable",
+}
+STOPPED_MESSAGE = "The service has been stopped."
+MAX_WAIT_S = 600  # /health/timed-{s}: 1..600, at most 3 digits (MindIE CheckWaitTime)
+DEFAULT_WAIT_S = 10
+ROLES_V1 = (Role.PREFILL, Role.DECODE, Role.FLEX)
+ROLES_V2 = (Role.PREFILL, Role.DECODE)
+ROLE_BODY_ERROR = "Req body converts to json fail. Reset to previous node status."
+RETRY_AFTER_S = 5
+
+
+def mindie_error(
+    status: int,
+    message: str,
+    *,
+    error_type: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    body = {"error": message, "error_type": error_type or REASONS.get(status, "Bad Request")}
+    return json_response(body, status, headers)
+
+
+def message(status: int, text: str) -> Response:
+    """MindIE's health answers carry `{"message": ...}` rather than the error envelope."""
+    return json_response({"message": text}, status)
+
+
+def unavailable(lifecycle: Lifecycle) -> Response | None:
+    """MindIE's guard in front of status routes: 503 once stopping or unhealthy, else None."""
+    if lifecycle.state in (State.DRAINING, State.STOPPED):
+        return mindie_error(503, STOPPED_MESSAGE, headers={"Retry-After": str(RETRY_AFTER_S)})
+    if lifecycle.state is not State.READY:
+        return Response(status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+    return None
+
+
+def abnormal(lifecycle: Lifecycle) -> str:
+    reason = lifecycle.failure
+    return f"Service is abnormal: {reason}" if reason else "Service is abnormal"
+
+
+# ---- health -------------------------------------------------------------------------------
+def live(service: InferenceService) -> Response:
+    lifecycle = service.lifecycle
+    if lifecycle.state is State.FAILED:
+        return message(500, abnormal(lifecycle))
+    if lifecycle.state is State.READY and service.admission.saturated:
+        return message(200, "Service is alive but busy")
+    return Response(status_code=200)
+
+
+def ready(service: InferenceService) -> Response:
+    lifecycle = service.lifecycle
+    if lifecycle.state is State.FAILED:
+        return message(500, abnormal(lifecycle))
+    refusal = unavailable(lifecycle)
+    if refusal is not None:
+        return refusal
+    if service.admission.saturated:
+        return message(503, "Service is alive but busy. Consider reducing request frequency")
+    return Response(status_code=200)
+
+
+def model_health(service: InferenceService) -> Response:
+    """`/health` and `/v2/models/{m}/ready` (MindIE HandleGetHealthStatus)."""
+    lifecycle = service.lifecycle
+    if lifecycle.state is State.FAILED:
+        return mindie_error(500, abnormal(lifecycle))
+    return unavailable(lifecycle) or Response(status_code=200)
+
+
+def unknown_model(service: InferenceService, name: str) -> Response | None:
+    if name in service.base_names:
+        return None
+    return mindie_error(404, f"Model {name} not found.")
+
+
+def slot_count(service: InferenceService) -> dict[str, int]:
+    """MindIE getSlotCount: engine batch slots and the tokens the free KV blocks can hold."""
+    info, stats = service.engine.info(), service.engine.stats()
+    return {
+        "total_slots": info.max_num_seqs,
+        "free_slots": max(0, info.max_num_seqs - stats.running),
+        "available_tokens_length": stats.free_blocks * info.block_size,
+    }
+
+
+def health_routes(gateway: Gateway) -> list[BaseRoute]:
+    """MindIE's health family. Registered after the data routes, so on a shared port each
+    protocol's own health shape wins and these serve the management listener."""
+    service = gateway.service
+
+    async def v2_live(request: Request) -> Response:
+        return live(service)
+
+    async def v2_ready(request: Request) -> Response:
+        return ready(service)
+
+    async def health(request: Request) -> Response:
+        return model_health(service)
+
+    async def model_ready(request: Request) -> Response:
+        return unknown_model(service, request.path_params["model"]) or model_health(service)
+
+    async def get_slot_count(request: Request) -> Response:
+        refusal = unavailable(service.lifecycle) or unknown_model(
+            service, request.path_params["model"]
+        )
+        return refusal or json_response(slot_count(service))
+
+    versioned = "/v2/models/{model}/versions/{version}"
+    return [
+        Route("/v2/health/live", v2_live, methods=["GET"]),
+        Route("/v2/health/ready", v2_ready, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/v2/models/{model}/ready", model_ready, methods=["GET"]),
+        Route(f"{versioned}/ready", model_ready, methods=["GET"]),
+        Route("/v2/models/{model}/getSlotCount", get_slot_count, methods=["GET"]),
+        Route(f"{versioned}/getSlotCount", get_slot_count, methods=["GET"]),
+    ]
+
+
+# ---- /health/timed ------------------------------------------------------------------------
+def parse_wait(raw: str | None) -> int | Response:
+    """MindIE CheckWaitTime: absent → 10; else 1..600 with at most 3 digits; bad → 404."""
+    if raw is None:
+        return DEFAULT_WAIT_S
+    if not raw.isdigit() or len(raw) > len(str(MAX_WAIT_S)):
+        return mindie_error(404, f"Max wait time is {MAX_WAIT_S}, input is invalid or too long")
+    seconds = int(raw)
+    if not 1 <= seconds <= MAX_WAIT_S:
+        return mindie_error(
+            404, f"Wait time should be in range of [1, {MAX_WAIT_S}], input is not valid"
+        )
+    return seconds
+
+
+async def probe(service: InferenceService, seconds: int) -> Response:
+    """A real one-token generation within `seconds`: 200 healthy (also when merely busy)."""
+    healthy = json_response({"status": "healthy"})
+    if not service.lifecycle.role.admits_requests:
+        try:
+            await asyncio.wait_for(service.engine.check_health(), seconds)
+        except (GatewayError, TimeoutError) as exc:
+            return mindie_error(500, f"Engine health check failed: {exc}")
+        return healthy
+    request = GenerationRequest(
+        request_id=f"health-{uuid.uuid4().hex[:16]}",
+        model="",
+        prompt=TextPrompt("health"),
+        sampling=Sampling(max_new_tokens=1, temperature=0.0),
+        protocol="health",
+        timeout_s=float(seconds),
+    )
+    try:
+        await asyncio.wait_for(service.generate(request), seconds)
+    except Overloaded:
+        return healthy
+    except TimeoutError:
+        return mindie_error(500, f"The health probe did not finish within {seconds} s")
+    except GatewayError as exc:
+        return mindie_error(500, f"The health probe failed: {exc.message}")
+    return healthy
+
+
+def timed_health(service: InferenceService) -> list[BaseRoute]:
+    async def endpoint(request: Request) -> Response:
+        state = service.lifecycle.state
+        if state in (State.DRAINING, State.STOPPED):
+            return json_response({"status": "healthy"})  # MindIE: healthy while stopping
+        if state is not State.READY:
+            return Response(status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+        wait = parse_wait(request.path_params.get("seconds"))
+        if isinstance(wait, Response):
+            return wait
+        return await probe(service, wait)
+
+    return [
+        Route("/health/timed", endpoint, methods=["GET"]),
+        Route("/health/timed-{seconds}", endpoint, methods=["GET"]),
+    ]
+
+
+# ---- status, config -----------------------------------------------------------------------
+@dataclass(kw_only=True)
+class RoleState:
+    p_percentage: int | None = None  # flex only: share of prefill work (MindIE)
+
+
+def status_body(gateway: Gateway, roles: RoleState, *, v2: bool) -> dict[str, Any]:
+    service = gateway.service
+    lifecycle = service.lifecycle
+    stats = service.engine.stats()
+    slots = slot_count(service)
+    role: dict[str, Any] = {"roleStatus": "RoleReady", "currentRole": lifecycle.role.value}
+    if lifecycle.role is Role.FLEX and roles.p_percentage is not None:
+        role["p_percentage"] = roles.p_percentage
+    resource: dict[str, Any] = {
+        "availSlotsNum": slots["free_slots"],
+        "availBlockNum": stats.free_blocks,
+        "waitingRequestNum": stats.waiting + service.admission.waiting,
+        "runningRequestNum": stats.running,
+        "swappedRequestNum": 0,
+        "freeNpuBlockNums": stats.free_blocks,
+        "freeCpuBlockNums": 0,
+        "totalNpuBlockNums": stats.total_blocks,
+        "totalCpuBlockNums": 0,
+    }
+    if v2:
+        resource |= {
+            "totalAvailNpuSlotsNum": slots["free_slots"],
+            "totalAvailNpuBlockNum": stats.free_blocks,
+            "dpInstMap": {"0": stats.free_blocks},
+            "maxAvailNpuBlockNum": stats.free_blocks,
+        }
+    return {
+        "service": role,
+        "resource": resource,
+        "linkStatus": {"peers": []},
+        "gateway": {
+            "state": lifecycle.state.value,
+            "inflight": lifecycle.inflight,
+            "admitted": service.admission.running,
+            "queued": service.admission.waiting,
+            "adapters": service.adapters.names(),
+        },
+    }
+
+
+def config_body(gateway: Gateway) -> dict[str, Any]:
+    """MindIE's /v1/config fields, then the whole resolved configuration, secrets redacted."""
+    settings = gateway.settings
+    info = gateway.engine.info()
+    model = settings.ModelConfig
+    return {
+        "modelName": model.modelName,
+        "maxSeqLen": info.max_model_len,
+        "npuMemSize": -1,
+        "cpuMemSize": model.kvCacheSpaceGiB,
+        "worldSize": model.tensorParallelSize * model.pipelineParallelSize,
+        "maxOutputLen": info.max_model_len,
+        "cacheBlockSize": info.block_size,
+        "settings": redacted(settings),
+    }
+
+
+# ---- role ---------------------------------------------------------------------------------
+def parse_role(raw: str, allowed: tuple[Role, ...]) -> Role | Response:
+    for role in allowed:
+        if raw == role.value:
+            return role
+    names = ", ".join(r.value for r in allowed)
+    return mindie_error(404, f"Role '{raw}' is not supported here; use one of: {names}.")
+
+
+def topology_error(body: bytes, *, v2: bool) -> str | None:
+    """Check the optional PD topology body; returns a reason when it is malformed."""
+    if not body.strip():
+        return None
+    try:
+        data = jsonio.loads(body)
+    except jsonio.JSONDecodeError:
+        return "not JSON"
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    local = data.get("local")
+    share = local.get("p_percentage") if isinstance(local, dict) else None
+    problems = [
+        (local is not None and not isinstance(local, list if v2 else dict), "`local` shape"),
+        (data.get("peers") is not None and not isinstance(data["peers"], list), "`peers` shape"),
+        (share is not None and (type(share) is not int or not 0 <= share <= 100), "p_percentage"),
+    ]
+    return next((reason for bad, reason in problems if bad), None)
+
+
+def role_routes(gateway: Gateway, roles: RoleState) -> list[BaseRoute]:
+    lifecycle = gateway.lifecycle
+
+    def switcher(allowed: tuple[Role, ...], *, v2: bool) -> Any:
+        async def endpoint(request: Request) -> Response:
+            role = parse_role(request.path_params["role"], allowed)
+            if isinstance(role, Response):
+                return role
+            body = await request.body()
+            if topology_error(body, v2=v2) is not None:
+                return mindie_error(422, ROLE_BODY_ERROR, error_type="Input validation error")
+            if not lifecycle.switch_role(role):
+                return mindie_error(
+                    409, f"Cannot change the role while the service is {lifecycle.state.value}."
+                )
+            local = jsonio.loads(body).get("local") if body.strip() else None
+            share = local.get("p_percentage") if isinstance(local, dict) else None
+            roles.p_percentage = share if role is Role.FLEX else None
+            return json_response({"result": "ok"})
+
+        return endpoint
+
+    return [
+        Route("/v1/role/{role}", switcher(ROLES_V1, v2=False), methods=["POST"]),
+        Route("/v2/role/{role}", switcher(ROLES_V2, v2=True), methods=["POST"]),
+    ]
+
+
+# ---- stop ---------------------------------------------------------------------------------
+def stop_routes(gateway: Gateway) -> list[BaseRoute]:
+    async def stop_service(request: Request) -> Response:
+        mode = request.query_params.get("mode")
+        if mode not in (None, "Force"):
+            return mindie_error(400, f"mode must be Force or absent, got '{mode}'")
+        gateway.request_stop(force=mode == "Force")
+        await gateway.drained.wait()
+        return Response(status_code=200)
+
+    return [Route("/stopService", stop_service, methods=["GET"])]
+
+
+def control_routes(gateway: Gateway) -> list[BaseRoute]:
+    """The management listener's own routes (health family excluded: see `health_routes`)."""
+    roles = RoleState()
+
+    async def status_v1(request: Request) -> Response:
+        return unavailable(gateway.lifecycle) or json_response(
+            status_body(gateway, roles, v2=False)
+        )
+
+    async def status_v2(request: Request) -> Response:
+        return unavailable(gateway.lifecycle) or json_response(status_body(gateway, roles, v2=True))
+
+    async def config(request: Request) -> Response:
+        return json_response(config_body(gateway))
+
+    return [
+        *stop_routes(gateway),
+        Route("/v1/status", status_v1, methods=["GET"]),
+        Route("/v2/status", status_v2, methods=["GET"]),
+        Route("/v1/config", config, methods=["GET"]),
+        *role_routes(gateway, roles),
+        *timed_health(gateway.service),
+    ]
+
+
+# ---- errors and drain behaviour of the management app -------------------------------------
+async def not_found(request: Request, exc: Exception) -> Response:
+    return mindie_error(404, f"No route {request.url.path} on the management listener.")
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    headers = dict(exc.headers or {})
+    return mindie_error(exc.status_code, str(exc.detail), headers=headers)
+
+
+EXCEPTION_HANDLERS = {404: not_found, HTTPException: http_error}
+
+
+class DrainMiddleware:
+    """While draining, every response says `Connection: close`, so clients and load balancers
+    move their keep-alive connections elsewhere."""
+
+    def __init__(self, app: ASGIApp, *, lifecycle: Lifecycle) -> None:
+        self.app = app
+        self.lifecycle = lifecycle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        lifecycle = self.lifecycle
+
+        async def close_when_draining(message: Message) -> None:
+            if message["type"] == "http.response.start" and lifecycle.state is not State.READY:
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+                message = {**message, "headers": [*kept, (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, close_when_draining)
