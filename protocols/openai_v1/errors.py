@@ -1,0 +1,98 @@
+"""OpenAI error surface: one table from domain error to (HTTP status, vLLM `type`), one envelope.
+
+Body: `{"error": {"message", "type", "param", "code"}}` with `code` repeating the status, as
+vLLM's `ErrorResponse`. Before the first byte that is a real response; inside a stream it is one
+SSE event followed by `data: [DONE]` (PROTOCOLS.md §1.1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import Response
+
+from protocols._common import jsonio
+from protocols._common.http import json_response
+from protocols._common.streaming import sse_event
+from server.core.errors import (
+    AdapterNotFound,
+    GatewayError,
+    InvalidRequest,
+    Overloaded,
+    ServiceUnavailable,
+)
+
+DONE = b"data: [DONE]\n\n"
+
+
+class InvalidUserInput(InvalidRequest):
+    """vLLM's type for refused LoRA load/unload requests (400)."""
+
+    error_type = "invalid_user_input"
+
+
+class LoraPathNotFound(AdapterNotFound):
+    """`lora_path` holds no adapter: vLLM answers 404 with `param: null`."""
+
+    error_type = "lora_path_not_found"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param=None)
+
+
+class ClientClosed(GatewayError):
+    """The client disconnected before a non-streamed answer was ready (nobody reads the 499)."""
+
+    error_type = "client_closed"
+
+
+TABLE: dict[str, tuple[int, str]] = {
+    "invalid_request": (400, "BadRequestError"),
+    "context_length_exceeded": (400, "BadRequestError"),
+    "unsupported_media_type": (400, "BadRequestError"),
+    "unsupported": (400, "BadRequestError"),
+    "adapter_invalid": (400, "BadRequestError"),
+    "lora_disabled": (400, "BadRequestError"),
+    "invalid_user_input": (400, "InvalidUserInput"),
+    "adapter_exists": (400, "InvalidUserInput"),
+    "payload_too_large": (413, "RequestEntityTooLarge"),
+    "unauthorized": (401, "AuthenticationError"),
+    "model_not_found": (404, "NotFoundError"),
+    "adapter_not_found": (404, "NotFoundError"),
+    "lora_path_not_found": (404, "NotFoundError"),
+    "request_not_found": (404, "NotFoundError"),
+    "overloaded": (429, "RateLimitError"),
+    "generation": (500, "InternalServerError"),
+    "internal": (500, "InternalServerError"),
+    "unavailable": (503, "ServiceUnavailableError"),
+    "timeout": (504, "TimeoutError"),
+    "adapter_capacity": (507, "InsufficientStorage"),
+    "client_closed": (499, "ClientClosedRequest"),
+}
+
+
+def status_and_type(exc: GatewayError) -> tuple[int, str]:
+    """The row of the closest class in the MRO that has one (new subclasses inherit a row)."""
+    for cls in type(exc).__mro__:
+        row = TABLE.get(getattr(cls, "error_type", ""))
+        if row is not None:
+            return row
+    return TABLE["internal"]
+
+
+def error_body(exc: GatewayError) -> dict[str, Any]:
+    status, kind = status_and_type(exc)
+    return {"error": {"message": exc.message, "type": kind, "param": exc.param, "code": status}}
+
+
+def render(exc: GatewayError) -> Response:
+    status, _ = status_and_type(exc)
+    headers = {}
+    if isinstance(exc, Overloaded | ServiceUnavailable):
+        headers["retry-after"] = str(exc.retry_after_s)
+    return json_response(error_body(exc), status, headers)
+
+
+def stream_error(exc: GatewayError) -> bytes:
+    """The in-band error event of a stream that already answered 200, then the terminator."""
+    return sse_event(jsonio.dumps(error_body(exc))) + DONE

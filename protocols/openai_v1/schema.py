@@ -1,0 +1,135 @@
+"""Wire models of the OpenAI API as vLLM serves it: request bodies only, validated at the edge.
+
+Field names, types and defaults follow vLLM's `ChatCompletionRequest`, `CompletionRequest`,
+`LoadLoRAAdapterRequest`, `TokenizeRequest` (PROTOCOLS.md §2). Unknown fields are ignored, as
+vLLM does. Responses are plain dicts built in `translate.py` (no pydantic on the hot path).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Wire):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+class SamplingFields(_Wire):
+    """What chat and completions share: OpenAI sampling fields plus vLLM's extras."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1)
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    response_format: dict[str, Any] | None = None
+    # vLLM extras (OpenAI SDK users pass them through `extra_body`)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: list[TokenId] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, le=INT64_MAX)
+    allowed_token_ids: list[TokenId] | None = None
+    bad_words: list[str] = Field(default_factory=list)
+    priority: int = 0
+    request_id: str | None = Field(None, min_length=1, max_length=256)
+    echo: bool | None = False
+    return_token_ids: bool | None = False
+    use_beam_search: bool = False
+    prompt_logprobs: int | None = None
+
+
+class TextPart(_Wire):
+    """One part of a list-valued message `content`. Only text parts are served here."""
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessageIn(_Wire):
+    role: str = Field(min_length=1, max_length=64)
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]] | None = None
+    max_tokens: int | None = Field(16, ge=0)
+    logprobs: int | None = None
+    suffix: str | None = None
+    add_special_tokens: bool = True
+    prompt_embeds: Any = None
+
+
+class LoadLoraAdapterRequest(_Wire):
+    lora_name: str = ""
+    lora_path: str = ""
+    load_inplace: bool = False
+    is_3d_lora_weight: bool = False
+
+
+class UnloadLoraAdapterRequest(_Wire):
+    lora_name: str = ""
+    lora_int_id: int | None = None
+
+
+class TokenizeCompletionRequest(_Wire):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(_Wire):
+    model: str | None = None
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    return_token_strs: bool | None = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeRequest(_Wire):
+    model: str | None = None
+    tokens: list[TokenId]

@@ -1,0 +1,924 @@
+"""Pure translation between the OpenAI wire (vLLM flavour) and the gateway's own types.
+
+Inbound: validated wire models → `GenerationRequest`s (bounds and vLLM's cross-field rules are
+checked here, before the engine). Outbound: `GenerationResult` → vLLM's response dicts, and
+events → SSE bytes through small per-request encoders. Shapes follow PROTOCOLS.md §2.1-2.6:
+non-streamed bodies carry every field vLLM dumps (nulls included); stream chunks carry only the
+fields vLLM sets. Stream chunks are plain dicts serialised by `jsonio` (no pydantic per token).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+
+from protocols._common import jsonio
+from protocols._common.context import RequestBounds
+from protocols._common.streaming import sse_event
+from protocols.openai_v1 import schema
+from server.core.errors import InvalidRequest, Unsupported
+from server.core.types import (
+    ChatMessage,
+    ChatPrompt,
+    Choice,
+    ChoiceEnd,
+    Delta,
+    Done,
+    GenerationEvent,
+    GenerationRequest,
+    GenerationResult,
+    OutputOptions,
+    Prompt,
+    Sampling,
+    Started,
+    TextPrompt,
+    TokenLogprob,
+    TokenPrompt,
+    Usage,
+)
+
+_T = TypeVar("_T")
+TokenTexts = Callable[[list[int]], list[str]]
+JSON = dict[str, Any]
+# (token text, logprob or None, {token text: logprob} or None): one row of completion logprobs
+LogprobRow = tuple[str, float | None, dict[str, float] | None]
+
+MIN_LOGPROB = -9999.0  # vLLM clamps -inf to this so the JSON stays valid
+TEXT_PART_TYPES = frozenset({"text", "input_text"})
+# chat_template_kwargs that would change how the template is called rather than what it
+# renders (CVE-2025-62426: `chat_template` swaps the template, `tokenize` the output type).
+RESERVED_TEMPLATE_KEYS = frozenset(
+    {
+        "tokenize",
+        "chat_template",
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "tokenizer_kwargs",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "return_tensors",
+        "padding",
+        "truncation",
+        "max_length",
+    }
+)
+MAX_TEMPLATE_KWARGS = 64
+MAX_TEMPLATE_VALUE_CHARS = 4096
+UNTRUSTED_TEMPLATE = (
+    "Chat template is passed with request, but --trust-request-chat-template is not set. "
+    "Refused request with untrusted chat template."
+)
+
+
+# ---- inbound ---------------------------------------------------------------------------------
+
+
+def chat_request(
+    body: schema.ChatCompletionRequest, *, request_id: str, bounds: RequestBounds
+) -> GenerationRequest:
+    """One chat completion → one `GenerationRequest` (default max tokens: the remaining context)."""
+    _check_common(body, bounds)
+    _check_tools(body)
+    if body.continue_final_message and body.add_generation_prompt:
+        raise InvalidRequest(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        )
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    return GenerationRequest(
+        request_id=request_id,
+        model=body.model or "",
+        prompt=chat_prompt(body),
+        sampling=to_sampling(body, _bounded_max_tokens(max_tokens, bounds), bounds),
+        output=OutputOptions(logprobs=_chat_logprobs(body, bounds)),
+        stream=bool(body.stream),
+        protocol="openai_v1.chat",
+        priority=body.priority,
+    )
+
+
+def completion_requests(
+    body: schema.CompletionRequest, *, request_id: str, bounds: RequestBounds
+) -> list[GenerationRequest]:
+    """One completion body → one `GenerationRequest` per prompt (default max tokens 16)."""
+    _check_common(body, bounds)
+    if body.suffix is not None:
+        raise Unsupported("suffix is not supported by this model.", param="suffix")
+    if body.prompt_embeds is not None:
+        raise Unsupported("prompt_embeds are not supported by this server.", param="prompt_embeds")
+    logprobs = _completion_logprobs(body, bounds)
+    max_tokens = 16 if body.max_tokens is None else body.max_tokens
+    if max_tokens == 0 and not body.echo:
+        raise InvalidRequest("max_tokens must be at least 1, got 0.", param="max_tokens")
+    # echo with max_tokens=0 returns the prompt only; the engine still runs one step (vLLM).
+    sampling = to_sampling(body, _bounded_max_tokens(max(max_tokens, 1), bounds), bounds)
+    output = OutputOptions(logprobs=logprobs, prompt_logprobs=logprobs if body.echo else None)
+    return [
+        GenerationRequest(
+            request_id=request_id,
+            model=body.model or "",
+            prompt=prompt,
+            sampling=sampling,
+            output=output,
+            stream=bool(body.stream),
+            protocol="openai_v1.completions",
+            priority=body.priority,
+        )
+        for prompt in completion_prompts(body, bounds)
+    ]
+
+
+def completion_prompts(body: schema.CompletionRequest, bounds: RequestBounds) -> list[Prompt]:
+    """`prompt` as a string, a list of strings, token ids, or a list of token-id lists."""
+    prompt = body.prompt
+    if prompt is None:
+        raise InvalidRequest(
+            "Either prompt or prompt_embeds must be provided and non-empty.", param="prompt"
+        )
+    if isinstance(prompt, str):
+        return [TextPrompt(prompt, body.add_special_tokens)]
+    if not prompt:
+        raise InvalidRequest("Prompt cannot be empty.", param="prompt")
+    if all(isinstance(item, int) for item in prompt):
+        return [TokenPrompt(tuple(cast(list[int], prompt)))]
+    if len(prompt) > bounds.max_prompts:
+        raise InvalidRequest(
+            f"At most {bounds.max_prompts} prompts are allowed in one request, got {len(prompt)}.",
+            param="prompt",
+        )
+    return [_one_prompt(item, body.add_special_tokens) for item in prompt]
+
+
+def _one_prompt(item: object, add_special_tokens: bool) -> Prompt:
+    if isinstance(item, str):
+        return TextPrompt(item, add_special_tokens)
+    if isinstance(item, list) and item:
+        return TokenPrompt(tuple(cast(list[int], item)))
+    raise InvalidRequest("Prompt cannot be empty.", param="prompt")
+
+
+def chat_prompt(body: schema.ChatCompletionRequest | schema.TokenizeChatRequest) -> ChatPrompt:
+    if body.chat_template is not None:
+        raise InvalidRequest(UNTRUSTED_TEMPLATE, param="chat_template")
+    messages = tuple(
+        ChatMessage(m.role, _message_text(m, i), m.name) for i, m in enumerate(body.messages)
+    )
+    return ChatPrompt(
+        messages=messages,
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
+        chat_template_kwargs=template_kwargs(body.chat_template_kwargs),
+    )
+
+
+def _message_text(message: schema.ChatMessageIn, index: int) -> str:
+    content = message.content
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        if part.type not in TEXT_PART_TYPES:
+            raise Unsupported(
+                f"Content part type '{part.type}' is not supported: this model takes text only.",
+                param=f"messages.{index}.content",
+            )
+        texts.append(part.text or "")
+    return "\n".join(texts)
+
+
+def template_kwargs(
+    raw: Mapping[str, Any] | None,
+) -> tuple[tuple[str, str | int | float | bool | None], ...]:
+    """Only flat scalar template variables pass (CVE-2025-62426)."""
+    if not raw:
+        return ()
+    if len(raw) > MAX_TEMPLATE_KWARGS:
+        raise InvalidRequest(
+            f"At most {MAX_TEMPLATE_KWARGS} chat_template_kwargs are allowed.",
+            param="chat_template_kwargs",
+        )
+    checked: list[tuple[str, str | int | float | bool | None]] = []
+    for key, value in raw.items():
+        if key in RESERVED_TEMPLATE_KEYS or not key.isidentifier():
+            raise InvalidRequest(
+                f"chat_template_kwargs may not set '{key}'.", param=f"chat_template_kwargs.{key}"
+            )
+        if not isinstance(value, str | int | float | bool | None) or (
+            isinstance(value, str) and len(value) > MAX_TEMPLATE_VALUE_CHARS
+        ):
+            raise InvalidRequest(
+                f"chat_template_kwargs['{key}'] must be a string (at most "
+                f"{MAX_TEMPLATE_VALUE_CHARS} characters), number, boolean or null.",
+                param=f"chat_template_kwargs.{key}",
+            )
+        checked.append((key, value))
+    return tuple(checked)
+
+
+def to_sampling(
+    body: schema.SamplingFields, max_new_tokens: int | None, bounds: RequestBounds
+) -> Sampling:
+    return Sampling(
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=body.min_tokens,
+        temperature=_or(body.temperature, 1.0),
+        top_p=_or(body.top_p, 1.0),
+        top_k=_or(body.top_k, 0),
+        min_p=_or(body.min_p, 0.0),
+        seed=body.seed,
+        repetition_penalty=_or(body.repetition_penalty, 1.0),
+        presence_penalty=_or(body.presence_penalty, 0.0),
+        frequency_penalty=_or(body.frequency_penalty, 0.0),
+        n=body.n,
+        stop=stop_strings(body.stop, bounds),
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        ignore_eos=body.ignore_eos,
+        include_stop_str_in_output=body.include_stop_str_in_output,
+        skip_special_tokens=body.skip_special_tokens,
+        logit_bias=logit_bias(body.logit_bias),
+        allowed_token_ids=None if body.allowed_token_ids is None else tuple(body.allowed_token_ids),
+        bad_words=tuple(body.bad_words),
+        truncate_prompt_tokens=body.truncate_prompt_tokens,
+    )
+
+
+def stop_strings(stop: str | list[str] | None, bounds: RequestBounds) -> tuple[str, ...]:
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if len(stops) > bounds.max_stop_sequences:
+        raise InvalidRequest(
+            f"At most {bounds.max_stop_sequences} stop sequences are allowed, got {len(stops)}.",
+            param="stop",
+        )
+    for item in stops:
+        if not item:
+            raise InvalidRequest("stop cannot contain an empty string.", param="stop")
+        if len(item) > bounds.max_stop_length:
+            raise InvalidRequest(
+                f"Each stop sequence may have at most {bounds.max_stop_length} characters.",
+                param="stop",
+            )
+    return stops
+
+
+def logit_bias(raw: Mapping[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """Keys are token ids written as strings; values are clamped to [-100, 100] (vLLM)."""
+    if not raw:
+        return ()
+    bias = []
+    for key, value in raw.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise InvalidRequest(
+                f"logit_bias key {key[:32]!r} is not a token id.", param="logit_bias"
+            ) from None
+        if token_id < 0:
+            raise InvalidRequest(f"logit_bias key {token_id} is negative.", param="logit_bias")
+        bias.append((token_id, min(100.0, max(-100.0, value))))
+    return tuple(bias)
+
+
+def _check_common(body: schema.SamplingFields, bounds: RequestBounds) -> None:
+    if body.stream_options is not None and not body.stream:
+        raise InvalidRequest(
+            "Stream options can only be defined when `stream=True`.", param="stream_options"
+        )
+    if body.n > bounds.max_n:
+        raise InvalidRequest(f"n must be at most {bounds.max_n}, got {body.n}.", param="n")
+    if body.use_beam_search:
+        raise Unsupported("Beam search is not supported by this server.", param="use_beam_search")
+    if body.prompt_logprobs is not None:
+        raise Unsupported(
+            "prompt_logprobs are not supported by this server.", param="prompt_logprobs"
+        )
+    kind = (body.response_format or {}).get("type", "text")
+    if kind != "text":
+        raise Unsupported(
+            f"response_format type {str(kind)[:32]!r} is not supported by this server.",
+            param="response_format",
+        )
+
+
+def _check_tools(body: schema.ChatCompletionRequest) -> None:
+    if body.tools and body.tool_choice != "none":
+        raise Unsupported(
+            "Tool calling is not supported by this server: only tool_choice 'none' is accepted.",
+            param="tool_choice",
+        )
+
+
+def _chat_logprobs(body: schema.ChatCompletionRequest, bounds: RequestBounds) -> int | None:
+    top = body.top_logprobs or 0
+    if top < -1:
+        raise InvalidRequest("`top_logprobs` must be a positive value or -1.", param="top_logprobs")
+    if top != 0 and not body.logprobs:
+        raise InvalidRequest(
+            "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs"
+        )
+    if not body.logprobs:
+        return None
+    return _bounded_logprobs(top, bounds, "top_logprobs")
+
+
+def _completion_logprobs(body: schema.CompletionRequest, bounds: RequestBounds) -> int | None:
+    if body.logprobs is None:
+        return None
+    if body.logprobs < -1:
+        raise InvalidRequest("`logprobs` must be a positive value or -1.", param="logprobs")
+    return _bounded_logprobs(body.logprobs, bounds, "logprobs")
+
+
+def _bounded_logprobs(requested: int, bounds: RequestBounds, param: str) -> int:
+    if requested == -1 or requested > bounds.max_logprobs:
+        raise InvalidRequest(
+            f"Requested sample logprobs of {requested}, which is greater than max allowed: "
+            f"{bounds.max_logprobs}",
+            param=param,
+        )
+    return requested
+
+
+def _bounded_max_tokens(requested: int | None, bounds: RequestBounds) -> int | None:
+    cap = bounds.max_new_tokens
+    if requested is not None and cap is not None and requested > cap:
+        raise InvalidRequest(
+            f"max_tokens must be at most {cap}, got {requested}.", param="max_tokens"
+        )
+    return requested
+
+
+def _or(value: _T | None, default: _T) -> _T:
+    return default if value is None else value
+
+
+# ---- outbound: shared pieces ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplyMeta:
+    """What every body and chunk of one response repeats."""
+
+    id: str
+    created: int
+    model: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamUsage:
+    include: bool = False
+    continuous: bool = False
+
+    @classmethod
+    def of(cls, body: schema.SamplingFields) -> StreamUsage:
+        options = body.stream_options
+        include = bool(options and options.include_usage)
+        return cls(
+            include=include, continuous=include and bool(options and options.continuous_usage_stats)
+        )
+
+
+def response_model(requested: str | None, base_names: Iterable[str], served_name: str) -> str:
+    """The adapter name for LoRA requests, else the served base name (vLLM's `model_name()`)."""
+    if not requested or requested in base_names:
+        return served_name
+    return requested
+
+
+def usage_dict(usage: Usage) -> JSON:
+    """Usage of a non-streamed body: every field, nulls included."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "total_tokens": usage.total_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "prompt_tokens_details": None,
+        "completion_tokens_details": None,
+    }
+
+
+def _stream_usage(prompt_tokens: int, completion_tokens: int) -> JSON:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+
+
+def _clamp(logprob: float) -> float:
+    return max(logprob, MIN_LOGPROB)
+
+
+class _ChunkWriter:
+    """Stream chunks share `id`, `object`, `created`, `model`: serialise that head once."""
+
+    def __init__(self, meta: ReplyMeta, obj: str) -> None:
+        head = jsonio.dumps(
+            {"id": meta.id, "object": obj, "created": meta.created, "model": meta.model}
+        )
+        self._prefix = head[:-1] + b',"choices":['
+
+    def chunk(self, choice: JSON | None, usage: JSON | None = None, **extra: Any) -> bytes:
+        parts = [self._prefix, b"" if choice is None else jsonio.dumps(choice), b"]"]
+        if usage is not None:
+            parts += [b',"usage":', jsonio.dumps(usage)]
+        for key, value in extra.items():
+            parts += [b',"', key.encode(), b'":', jsonio.dumps(value)]
+        parts.append(b"}")
+        return sse_event(b"".join(parts))
+
+
+# ---- chat completions -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatView:
+    """How one chat request wants its answer rendered."""
+
+    meta: ReplyMeta
+    n: int = 1
+    logprobs: bool = False
+    echo_prefix: str = ""
+    usage: StreamUsage = field(default_factory=StreamUsage)
+    return_token_ids: bool = False
+
+    @classmethod
+    def of(cls, body: schema.ChatCompletionRequest, meta: ReplyMeta) -> ChatView:
+        last = body.messages[-1]
+        echo = ""
+        if body.echo and last.role == "assistant":
+            echo = _message_text(last, len(body.messages) - 1)
+        return cls(
+            meta=meta,
+            n=body.n,
+            logprobs=bool(body.logprobs),
+            echo_prefix=echo,
+            usage=StreamUsage.of(body),
+            return_token_ids=bool(body.return_token_ids),
+        )
+
+
+def chat_logprob(lp: TokenLogprob) -> JSON:
+    return {
+        "token": lp.token,
+        "logprob": _clamp(lp.logprob),
+        "bytes": list(lp.token.encode()),
+        "top_logprobs": [
+            {"token": t.token, "logprob": _clamp(t.logprob), "bytes": list(t.token.encode())}
+            for t in lp.top
+        ],
+    }
+
+
+def chat_response(result: GenerationResult, view: ChatView) -> JSON:
+    prompt_ids = list(result.prompt.prompt_token_ids) if view.return_token_ids else None
+    return {
+        "id": view.meta.id,
+        "object": "chat.completion",
+        "created": view.meta.created,
+        "model": view.meta.model,
+        "choices": [_chat_choice(choice, view) for choice in result.choices],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage_dict(result.usage),
+        "prompt_logprobs": None,
+        "prompt_token_ids": prompt_ids,
+        "kv_transfer_params": None,
+    }
+
+
+def _chat_choice(choice: Choice, view: ChatView) -> JSON:
+    logprobs = {"content": [chat_logprob(lp) for lp in choice.logprobs]} if view.logprobs else None
+    return {
+        "index": choice.index,
+        "message": {
+            "role": "assistant",
+            "content": view.echo_prefix + choice.text,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "reasoning": None,
+        },
+        "logprobs": logprobs,
+        "finish_reason": choice.finish_reason.value,
+        "stop_reason": choice.matched_stop,
+        "token_ids": list(choice.token_ids) if view.return_token_ids else None,
+    }
+
+
+class ChatStreamEncoder:
+    """Events → `chat.completion.chunk` SSE bytes: one write per event (PROTOCOLS.md §2.1)."""
+
+    def __init__(self, view: ChatView) -> None:
+        self._view = view
+        self._out = _ChunkWriter(view.meta, "chat.completion.chunk")
+        self._prompt_tokens = 0
+        self._generated = [0] * view.n
+
+    def encode(self, event: GenerationEvent) -> bytes:
+        if isinstance(event, Delta):
+            return self._delta(event)
+        if isinstance(event, ChoiceEnd):
+            return self._end(event)
+        if isinstance(event, Started):
+            return self._start(event)
+        return self._done(event)
+
+    def _usage(self, choice: int) -> JSON | None:
+        if not self._view.usage.continuous:
+            return None
+        return _stream_usage(self._prompt_tokens, self._generated[choice])
+
+    def _start(self, event: Started) -> bytes:
+        self._prompt_tokens = len(event.prompt_token_ids)
+        view, extra = self._view, {}
+        if view.return_token_ids:
+            extra["prompt_token_ids"] = list(event.prompt_token_ids)
+        chunks = []
+        for i in range(view.n):
+            role = {
+                "index": i,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            chunks.append(self._out.chunk(role, self._usage(i), **(extra if i == 0 else {})))
+        if view.echo_prefix:
+            chunks += [
+                self._out.chunk(
+                    {
+                        "index": i,
+                        "delta": {"content": view.echo_prefix},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    },
+                    self._usage(i),
+                )
+                for i in range(view.n)
+            ]
+        return b"".join(chunks)
+
+    def _delta(self, event: Delta) -> bytes:
+        if not event.text and not event.token_ids:
+            return b""
+        i = event.choice
+        self._generated[i] += len(event.token_ids)
+        logprobs = None
+        if self._view.logprobs:
+            logprobs = {"content": [chat_logprob(lp) for lp in event.logprobs]}
+        choice = {
+            "index": i,
+            "delta": {"content": event.text},
+            "logprobs": logprobs,
+            "finish_reason": None,
+        }
+        if self._view.return_token_ids:
+            choice["token_ids"] = list(event.token_ids)
+        return self._out.chunk(choice, self._usage(i))
+
+    def _end(self, event: ChoiceEnd) -> bytes:
+        choice = {
+            "index": event.choice,
+            "delta": {"content": ""},
+            "logprobs": None,
+            "finish_reason": event.reason.value,
+            "stop_reason": event.matched_stop,
+        }
+        return self._out.chunk(choice, self._usage(event.choice))
+
+    def _done(self, event: Done) -> bytes:
+        if not self._view.usage.include:
+            return b""
+        usage = event.usage
+        return self._out.chunk(None, _stream_usage(usage.prompt_tokens, usage.completion_tokens))
+
+
+# ---- completions ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletionView:
+    """How one completion request wants its answer rendered.
+
+    `echo_texts[k]` / `prompt_counts[k]` describe prompt k when the engine's `Started` event
+    does not (a batch reports only the first prompt's); `token_texts` names prompt tokens that
+    carry no logprob.
+    """
+
+    meta: ReplyMeta
+    n: int = 1
+    logprobs: int | None = None
+    echo: bool = False
+    echo_only: bool = False
+    echo_texts: tuple[str | None, ...] = ()
+    prompt_counts: tuple[int | None, ...] = ()
+    usage: StreamUsage = field(default_factory=StreamUsage)
+    return_token_ids: bool = False
+    token_texts: TokenTexts = field(default=lambda ids: ["" for _ in ids])
+
+    @classmethod
+    def of(
+        cls,
+        body: schema.CompletionRequest,
+        meta: ReplyMeta,
+        *,
+        prompts: Sequence[Prompt],
+        token_texts: TokenTexts,
+    ) -> CompletionView:
+        return cls(
+            meta=meta,
+            n=body.n,
+            logprobs=body.logprobs,
+            echo=bool(body.echo),
+            echo_only=bool(body.echo) and body.max_tokens == 0,
+            echo_texts=tuple(_prompt_text(p, token_texts) for p in prompts),
+            prompt_counts=tuple(
+                len(p.token_ids) if isinstance(p, TokenPrompt) else None for p in prompts
+            ),
+            usage=StreamUsage.of(body),
+            return_token_ids=bool(body.return_token_ids),
+            token_texts=token_texts,
+        )
+
+
+def _prompt_text(prompt: Prompt, token_texts: TokenTexts) -> str | None:
+    if isinstance(prompt, TextPrompt):
+        return prompt.text
+    if isinstance(prompt, TokenPrompt):
+        return "".join(token_texts(list(prompt.token_ids)))
+    return None
+
+
+class _Echo:
+    """The prompt side of `echo`: text and logprob rows of prompt k (k = choice // n)."""
+
+    def __init__(self, view: CompletionView) -> None:
+        self._view = view
+        self._started: Started | None = None
+        self._rows: list[LogprobRow] | None = None
+
+    def start(self, started: Started) -> None:
+        self._started = started
+
+    def text(self, choice: int) -> str:
+        k = choice // self._view.n
+        if k == 0 and self._started is not None and self._started.prompt_text is not None:
+            return self._started.prompt_text
+        texts = self._view.echo_texts
+        return (texts[k] if k < len(texts) else None) or ""
+
+    def rows(self, choice: int) -> list[LogprobRow]:
+        """Logprob rows of the prompt (only the first prompt's are known in a batch)."""
+        if choice // self._view.n != 0 or self._started is None:
+            return []
+        if self._rows is None:
+            self._rows = prompt_rows(self._started, self._view.token_texts)
+        return self._rows
+
+    def start_offset(self, choice: int) -> int:
+        """Text offset of the first logprob row: past the prompt when its rows are unknown."""
+        return 0 if self.rows(choice) else len(self.text(choice))
+
+    @property
+    def prompt_token_ids(self) -> list[int] | None:
+        return None if self._started is None else list(self._started.prompt_token_ids)
+
+    def prompt_tokens(self, choice: int) -> int:
+        k = choice // self._view.n
+        if k == 0 and self._started is not None:
+            return len(self._started.prompt_token_ids)
+        counts = self._view.prompt_counts
+        return (counts[k] if k < len(counts) else None) or 0
+
+
+def logprob_row(lp: TokenLogprob) -> LogprobRow:
+    """Completion rows list the sampled token first, then the top alternatives."""
+    top = {lp.token: _clamp(lp.logprob)}
+    for alt in lp.top:
+        top.setdefault(alt.token, _clamp(alt.logprob))
+    return (lp.token, _clamp(lp.logprob), top)
+
+
+def prompt_rows(started: Started, token_texts: TokenTexts) -> list[LogprobRow]:
+    ids = list(started.prompt_token_ids)
+    known = started.prompt_logprobs
+    texts = token_texts(ids)
+    rows: list[LogprobRow] = []
+    for index, text in enumerate(texts):
+        lp = known[index] if index < len(known) else None
+        rows.append(logprob_row(lp) if lp is not None else (text, None, None))
+    return rows
+
+
+def completion_logprobs(rows: Iterable[LogprobRow], offset: int = 0) -> tuple[JSON, int]:
+    """vLLM's `CompletionLogProbs`, and the text offset after its last token."""
+    text_offset: list[int] = []
+    token_logprobs: list[float | None] = []
+    tokens: list[str] = []
+    top_logprobs: list[dict[str, float] | None] = []
+    for token, logprob, top in rows:
+        text_offset.append(offset)
+        offset += len(token)
+        tokens.append(token)
+        token_logprobs.append(logprob)
+        top_logprobs.append(top)
+    body = {
+        "text_offset": text_offset,
+        "token_logprobs": token_logprobs,
+        "tokens": tokens,
+        "top_logprobs": top_logprobs,
+    }
+    return body, offset
+
+
+def completion_response(result: GenerationResult, view: CompletionView) -> JSON:
+    echo = _Echo(view)
+    echo.start(result.prompt)
+    return {
+        "id": view.meta.id,
+        "object": "text_completion",
+        "created": view.meta.created,
+        "model": view.meta.model,
+        "choices": [_completion_choice(choice, view, echo) for choice in result.choices],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage_dict(result.usage),
+        "kv_transfer_params": None,
+    }
+
+
+def _completion_choice(choice: Choice, view: CompletionView, echo: _Echo) -> JSON:
+    text = "" if view.echo_only else choice.text
+    rows = [] if view.echo_only else [logprob_row(lp) for lp in choice.logprobs]
+    offset = 0
+    if view.echo:
+        text = echo.text(choice.index) + text
+        if view.logprobs is not None:
+            rows = echo.rows(choice.index) + rows
+            offset = echo.start_offset(choice.index)
+    first_prompt = choice.index // view.n == 0
+    prompt_ids = echo.prompt_token_ids if view.return_token_ids and first_prompt else None
+    return {
+        "index": choice.index,
+        "text": text,
+        "logprobs": completion_logprobs(rows, offset)[0] if view.logprobs is not None else None,
+        "finish_reason": choice.finish_reason.value,
+        "stop_reason": choice.matched_stop,
+        "prompt_logprobs": None,
+        "prompt_token_ids": prompt_ids,
+        "token_ids": list(choice.token_ids) if view.return_token_ids else None,
+    }
+
+
+class CompletionStreamEncoder:
+    """Events → `text_completion` SSE bytes: one write per event (PROTOCOLS.md §2.2)."""
+
+    def __init__(self, view: CompletionView) -> None:
+        self._view = view
+        self._out = _ChunkWriter(view.meta, "text_completion")
+        self._echo = _Echo(view)
+        self._echoed: set[int] = set()
+        self._offsets: dict[int, int] = {}
+        self._generated: dict[int, int] = {}
+
+    def encode(self, event: GenerationEvent) -> bytes:
+        if isinstance(event, Delta):
+            return self._delta(event)
+        if isinstance(event, ChoiceEnd):
+            return self._end(event)
+        if isinstance(event, Started):
+            self._echo.start(event)
+            return b""
+        return self._done(event)
+
+    def _delta(self, event: Delta) -> bytes:
+        i, view = event.choice, self._view
+        self._generated[i] = self._generated.get(i, 0) + len(event.token_ids)
+        text = "" if view.echo_only else event.text
+        rows = (
+            []
+            if view.echo_only or view.logprobs is None
+            else [logprob_row(lp) for lp in event.logprobs]
+        )
+        if view.echo and i not in self._echoed:
+            self._echoed.add(i)
+            text = self._echo.text(i) + text
+            if view.logprobs is not None:
+                rows = self._echo.rows(i) + rows
+                self._offsets[i] = self._echo.start_offset(i)
+        elif not text and not event.token_ids:
+            return b""
+        choice = {
+            "index": i,
+            "text": text,
+            "logprobs": self._logprobs(i, rows),
+            "finish_reason": None,
+        }
+        if view.return_token_ids:
+            choice["token_ids"] = list(event.token_ids)
+        return self._out.chunk(choice, self._usage(i))
+
+    def _end(self, event: ChoiceEnd) -> bytes:
+        i, text, rows = event.choice, "", []
+        if self._view.echo and i not in self._echoed:
+            self._echoed.add(i)
+            text = self._echo.text(i)
+            if self._view.logprobs is not None:
+                rows = self._echo.rows(i)
+                self._offsets[i] = self._echo.start_offset(i)
+        choice = {
+            "index": i,
+            "text": text,
+            "logprobs": self._logprobs(i, rows) if rows else None,
+            "finish_reason": event.reason.value,
+            "stop_reason": event.matched_stop,
+        }
+        return self._out.chunk(choice, self._usage(i))
+
+    def _done(self, event: Done) -> bytes:
+        if not self._view.usage.include:
+            return b""
+        usage = event.usage
+        return self._out.chunk(None, _stream_usage(usage.prompt_tokens, usage.completion_tokens))
+
+    def _logprobs(self, choice: int, rows: list[LogprobRow]) -> JSON | None:
+        if self._view.logprobs is None:
+            return None
+        body, self._offsets[choice] = completion_logprobs(rows, self._offsets.get(choice, 0))
+        return body
+
+    def _usage(self, choice: int) -> JSON | None:
+        if not self._view.usage.continuous:
+            return None
+        return _stream_usage(self._echo.prompt_tokens(choice), self._generated.get(choice, 0))
+
+
+# ---- models, tokenizer ------------------------------------------------------------------------
+
+
+def _permission(created: int) -> JSON:
+    return {
+        "id": f"modelperm-{uuid.uuid4().hex}",
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
+
+
+def model_card(
+    name: str,
+    *,
+    created: int,
+    parent: str | None = None,
+    max_model_len: int | None = None,
+) -> JSON:
+    """vLLM's `ModelCard`. `root` is the served name, never a filesystem path: /v1/models is
+    public and must not reveal where weights or adapters live (RELIABILITY_PERF.md B.5)."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": name,
+        "parent": parent,
+        "max_model_len": max_model_len,
+        "permission": [_permission(created)],
+    }
+
+
+def model_list(
+    base_names: Sequence[str], adapters: Sequence[str], *, created: int, max_model_len: int
+) -> JSON:
+    """Base models first (`parent` null), then every loaded adapter (`parent` = first base)."""
+    data = [model_card(name, created=created, max_model_len=max_model_len) for name in base_names]
+    data += [model_card(name, created=created, parent=base_names[0]) for name in adapters]
+    return {"object": "list", "data": data}
+
+
+def model_object(name: str, *, created: int, parent: str | None) -> JSON:
+    """`GET /v1/models/{model}` in MindIE's shape (`parent` only for adapters)."""
+    card: JSON = {"id": name, "object": "model", "created": created, "owned_by": "vllm"}
+    if parent is not None:
+        card["parent"] = parent
+    return card
+
+
+def tokenize_response(
+    token_ids: list[int], *, max_model_len: int, token_strs: list[str] | None
+) -> JSON:
+    return {
+        "count": len(token_ids),
+        "max_model_len": max_model_len,
+        "tokens": token_ids,
+        "token_strs": token_strs,
+    }

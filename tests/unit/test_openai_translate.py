@@ -1,0 +1,713 @@
+"""OpenAI protocol: translators, encoders and error table (pure), plus the routes in process on
+the fake engine. Shapes are checked against PROTOCOLS.md §2 and parsed with the openai SDK's own
+models, so whatever vLLM clients read, they can read from us."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from protocols._common.context import ProtocolContext, RequestBounds
+from protocols.openai_v1 import errors, routes, schema, translate
+from server.core.adapter_files import AdapterRules
+from server.core.adapters import AdapterLimits, AdapterRegistry
+from server.core.errors import (
+    AdapterExists,
+    AdapterInvalid,
+    ContextLengthExceeded,
+    DeadlineExceeded,
+    EngineError,
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+    ServiceUnavailable,
+    Unsupported,
+)
+from server.core.lifecycle import Lifecycle
+from server.core.service import InferenceService, Limits
+from server.core.types import (
+    ChatPrompt,
+    Choice,
+    ChoiceEnd,
+    Delta,
+    Done,
+    FinishReason,
+    GenerationEvent,
+    GenerationResult,
+    Started,
+    TextPrompt,
+    TokenLogprob,
+    TokenPrompt,
+    TopLogprob,
+    Usage,
+)
+from server.engine.fake import FakeEngine, FakeScript
+
+BOUNDS = RequestBounds(max_n=4, max_stop_sequences=2, max_logprobs=5, max_prompts=3)
+META = translate.ReplyMeta(id="chatcmpl-abc", created=1730000000, model="a1")
+CMPL_META = translate.ReplyMeta(id="cmpl-abc", created=1730000000, model="tiny")
+
+
+def chat_body(**fields: Any) -> schema.ChatCompletionRequest:
+    data = {"messages": [{"role": "user", "content": "hi"}], **fields}
+    return schema.ChatCompletionRequest.model_validate(data)
+
+
+def completion_body(**fields: Any) -> schema.CompletionRequest:
+    return schema.CompletionRequest.model_validate({"prompt": "one two", **fields})
+
+
+def sse_payloads(data: bytes) -> list[Any]:
+    """Split SSE bytes into decoded `data:` payloads ("[DONE]" stays a string)."""
+    assert data.endswith(b"\n\n")
+    payloads = []
+    for event in data.decode().split("\n\n")[:-1]:
+        assert event.startswith("data: "), event
+        body = event.removeprefix("data: ")
+        payloads.append(body if body == "[DONE]" else json.loads(body))
+    return payloads
+
+
+def events_of(*events: GenerationEvent) -> list[GenerationEvent]:
+    return list(events)
+
+
+# ---- inbound ------------------------------------------------------------------------------------
+
+
+def test_chat_defaults_follow_vllm() -> None:
+    gen = translate.chat_request(chat_body(), request_id="r1", bounds=BOUNDS)
+    assert gen.request_id == "r1"
+    assert gen.model == ""
+    assert gen.sampling.max_new_tokens is None  # remaining context
+    assert gen.sampling.temperature == 1.0
+    assert gen.sampling.top_k == 0
+    assert gen.output.logprobs is None
+    assert isinstance(gen.prompt, ChatPrompt)
+    assert gen.prompt.add_generation_prompt is True
+
+
+def test_chat_max_completion_tokens_wins_over_max_tokens() -> None:
+    gen = translate.chat_request(
+        chat_body(max_tokens=7, max_completion_tokens=3), request_id="r", bounds=BOUNDS
+    )
+    assert gen.sampling.max_new_tokens == 3
+
+
+def test_chat_vllm_extras_reach_sampling() -> None:
+    body = chat_body(
+        model="a1", top_k=5, min_p=0.1, repetition_penalty=1.2, ignore_eos=True, min_tokens=2,
+        stop_token_ids=[3], include_stop_str_in_output=True, skip_special_tokens=False,
+        allowed_token_ids=[1, 2], bad_words=["x"], truncate_prompt_tokens=8, seed=7, priority=3,
+        stop="END", logit_bias={"5": 250.0},
+    )
+    gen = translate.chat_request(body, request_id="r", bounds=BOUNDS)
+    s = gen.sampling
+    assert (s.top_k, s.min_p, s.repetition_penalty, s.min_new_tokens) == (5, 0.1, 1.2, 2)
+    assert s.ignore_eos and s.include_stop_str_in_output and not s.skip_special_tokens
+    assert s.stop == ("END",)
+    assert s.stop_token_ids == (3,)
+    assert s.allowed_token_ids == (1, 2)
+    assert s.bad_words == ("x",)
+    assert s.truncate_prompt_tokens == 8
+    assert s.seed == 7
+    assert s.logit_bias == ((5, 100.0),)  # clamped like vLLM
+    assert gen.priority == 3
+    assert gen.model == "a1"
+
+
+def test_chat_text_parts_are_joined_and_images_refused() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    gen = translate.chat_request(
+        chat_body(messages=[{"role": "user", "content": parts}]), request_id="r", bounds=BOUNDS
+    )
+    assert isinstance(gen.prompt, ChatPrompt)
+    assert gen.prompt.messages[0].content == "a\nb"
+    image = [{"type": "image_url", "image_url": {"url": "http://x"}}]
+    with pytest.raises(Unsupported) as info:
+        translate.chat_request(
+            chat_body(messages=[{"role": "user", "content": image}]), request_id="r", bounds=BOUNDS
+        )
+    assert info.value.param == "messages.0.content"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 5}, "n"),
+        ({"stop": ["a", "b", "c"]}, "stop"),
+        ({"stop": [""]}, "stop"),
+        ({"logprobs": True, "top_logprobs": 6}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"chat_template": "{{ 1 }}"}, "chat_template"),
+        ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize"),
+        ({"chat_template_kwargs": {"chat_template": "x"}}, "chat_template_kwargs.chat_template"),
+        ({"chat_template_kwargs": {"nested": {"a": 1}}}, "chat_template_kwargs.nested"),
+        ({"chat_template_kwargs": {"items": [1]}}, "chat_template_kwargs.items"),
+        ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"use_beam_search": True}, "use_beam_search"),
+    ],
+)
+def test_chat_refusals_name_the_param(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        translate.chat_request(chat_body(**fields), request_id="r", bounds=BOUNDS)
+    assert info.value.param == param
+
+
+def test_chat_template_kwargs_scalars_pass() -> None:
+    kwargs = {"enable_thinking": False, "name": "x", "level": 2, "nothing": None}
+    gen = translate.chat_request(
+        chat_body(chat_template_kwargs=kwargs), request_id="r", bounds=BOUNDS
+    )
+    assert isinstance(gen.prompt, ChatPrompt)
+    assert dict(gen.prompt.chat_template_kwargs) == kwargs
+
+
+def test_continue_final_message_excludes_generation_prompt() -> None:
+    with pytest.raises(InvalidRequest):
+        translate.chat_request(
+            chat_body(continue_final_message=True), request_id="r", bounds=BOUNDS
+        )
+    gen = translate.chat_request(
+        chat_body(continue_final_message=True, add_generation_prompt=False),
+        request_id="r", bounds=BOUNDS,
+    )
+    assert isinstance(gen.prompt, ChatPrompt)
+    assert gen.prompt.continue_final_message
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        ("one two", [TextPrompt("one two")]),
+        (["a", "b"], [TextPrompt("a"), TextPrompt("b")]),
+        ([1, 2, 3], [TokenPrompt((1, 2, 3))]),
+        ([[1, 2], [3]], [TokenPrompt((1, 2)), TokenPrompt((3,))]),
+    ],
+)
+def test_completion_prompt_forms(prompt: Any, expected: list[Any]) -> None:
+    gens = translate.completion_requests(
+        completion_body(prompt=prompt), request_id="r", bounds=BOUNDS
+    )
+    assert [g.prompt for g in gens] == expected
+    assert all(g.request_id == "r" for g in gens)
+
+
+def test_completion_max_tokens_defaults_to_16_also_when_null() -> None:
+    for body in (completion_body(), completion_body(max_tokens=None)):
+        (gen,) = translate.completion_requests(body, request_id="r", bounds=BOUNDS)
+        assert gen.sampling.max_new_tokens == 16
+
+
+def test_completion_echo_with_logprobs_asks_prompt_logprobs() -> None:
+    (gen,) = translate.completion_requests(
+        completion_body(echo=True, logprobs=2), request_id="r", bounds=BOUNDS
+    )
+    assert (gen.output.logprobs, gen.output.prompt_logprobs) == (2, 2)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"prompt": None}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": ["a", "b", "c", "d"]}, "prompt"),
+        ({"prompt": [[1], []]}, "prompt"),
+        ({"logprobs": 6}, "logprobs"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"suffix": "x"}, "suffix"),
+        ({"n": 9}, "n"),
+    ],
+)
+def test_completion_refusals_name_the_param(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        translate.completion_requests(completion_body(**fields), request_id="r", bounds=BOUNDS)
+    assert info.value.param == param
+
+
+def test_response_model_echoes_adapter_and_maps_base_aliases() -> None:
+    assert translate.response_model("a1", {"tiny", "tiny-alias"}, "tiny") == "a1"
+    assert translate.response_model("tiny-alias", {"tiny", "tiny-alias"}, "tiny") == "tiny"
+    assert translate.response_model("", {"tiny"}, "tiny") == "tiny"
+
+
+# ---- outbound: chat -----------------------------------------------------------------------------
+
+
+def chat_events(n: int = 1) -> list[GenerationEvent]:
+    events: list[GenerationEvent] = [Started(prompt_token_ids=(1, 2, 3))]
+    for i in range(n):
+        events += [
+            Delta(choice=i, text="Hel", token_ids=(10,)),
+            Delta(choice=i, text="lo", token_ids=(11,)),
+            ChoiceEnd(choice=i, reason=FinishReason.STOP, matched_stop="\n"),
+        ]
+    events.append(Done(usage=Usage(prompt_tokens=3, completion_tokens=2 * n)))
+    return events
+
+
+def encode_all(encoder: Any, events: list[GenerationEvent]) -> list[Any]:
+    return sse_payloads(b"".join(encoder.encode(e) for e in events))
+
+
+def test_chat_stream_matches_vllm_chunk_sequence() -> None:
+    view = translate.ChatView(meta=META, usage=translate.StreamUsage(include=True))
+    chunks = encode_all(translate.ChatStreamEncoder(view), chat_events())
+    assert chunks[0]["choices"] == [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+         "finish_reason": None}
+    ]
+    assert [c["choices"][0]["delta"] for c in chunks[1:3]] == [
+        {"content": "Hel"}, {"content": "lo"}
+    ]
+    assert chunks[3]["choices"][0] == {
+        "index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": "stop",
+        "stop_reason": "\n",
+    }
+    assert chunks[4] == {
+        "id": "chatcmpl-abc", "object": "chat.completion.chunk", "created": 1730000000,
+        "model": "a1", "choices": [],
+        "usage": {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2},
+    }
+    for chunk in chunks:
+        assert (chunk["id"], chunk["created"], chunk["model"]) == ("chatcmpl-abc", 1730000000, "a1")
+        ChatCompletionChunk.model_validate(chunk)
+    assert all("usage" not in c for c in chunks[:4])
+
+
+def test_chat_stream_without_include_usage_has_no_usage_chunk() -> None:
+    chunks = encode_all(translate.ChatStreamEncoder(translate.ChatView(meta=META)), chat_events())
+    assert len(chunks) == 4
+    assert all(c["choices"] for c in chunks)
+
+
+def test_chat_stream_continuous_usage_counts_per_choice() -> None:
+    view = translate.ChatView(
+        meta=META, n=2, usage=translate.StreamUsage(include=True, continuous=True)
+    )
+    chunks = encode_all(translate.ChatStreamEncoder(view), chat_events(n=2))
+    role_chunks = chunks[:2]
+    assert [c["choices"][0]["index"] for c in role_chunks] == [0, 1]
+    assert all(c["usage"]["completion_tokens"] == 0 for c in role_chunks)
+    second = [c for c in chunks if c["choices"] and c["choices"][0]["index"] == 1]
+    assert [c["usage"]["completion_tokens"] for c in second] == [0, 1, 2, 2]
+    assert chunks[-1]["usage"] == {"prompt_tokens": 3, "total_tokens": 7, "completion_tokens": 4}
+
+
+def test_chat_stream_logprobs_and_echo() -> None:
+    lp = TokenLogprob(
+        token_id=10, token="Hel", logprob=-0.5,
+        top=(TopLogprob(token_id=10, token="Hel", logprob=-0.5),
+             TopLogprob(token_id=12, token="He", logprob=float("-inf"))),
+    )
+    view = translate.ChatView(meta=META, logprobs=True, echo_prefix="Sure: ")
+    encoder = translate.ChatStreamEncoder(view)
+    chunks = encode_all(encoder, [Started(prompt_token_ids=(1,)),
+                                  Delta(choice=0, text="Hel", token_ids=(10,), logprobs=(lp,))])
+    assert chunks[1]["choices"][0]["delta"] == {"content": "Sure: "}
+    content = chunks[2]["choices"][0]["logprobs"]["content"]
+    assert content == [{
+        "token": "Hel", "logprob": -0.5, "bytes": [72, 101, 108],
+        "top_logprobs": [{"token": "Hel", "logprob": -0.5, "bytes": [72, 101, 108]},
+                         {"token": "He", "logprob": -9999.0, "bytes": [72, 101]}],
+    }]
+
+
+def chat_result(n: int = 1) -> GenerationResult:
+    choices = tuple(
+        Choice(index=i, text="Hello", finish_reason=FinishReason.LENGTH, token_ids=(10, 11))
+        for i in range(n)
+    )
+    return GenerationResult(
+        request_id="abc", model="a1", prompt=Started(prompt_token_ids=(1, 2, 3)), choices=choices,
+        usage=Usage(prompt_tokens=3, completion_tokens=2 * n),
+    )
+
+
+def test_chat_response_has_every_vllm_field() -> None:
+    body = translate.chat_response(chat_result(), translate.ChatView(meta=META))
+    assert body == {
+        "id": "chatcmpl-abc", "object": "chat.completion", "created": 1730000000, "model": "a1",
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hello", "refusal": None,
+                        "annotations": None, "audio": None, "function_call": None,
+                        "reasoning": None},
+            "logprobs": None, "finish_reason": "length", "stop_reason": None, "token_ids": None,
+        }],
+        "service_tier": None, "system_fingerprint": None,
+        "usage": {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2,
+                  "prompt_tokens_details": None, "completion_tokens_details": None},
+        "prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None,
+    }
+    ChatCompletion.model_validate(body)
+
+
+def test_chat_echo_prefixes_last_assistant_message() -> None:
+    body = chat_body(echo=True, messages=[{"role": "user", "content": "q"},
+                                          {"role": "assistant", "content": "A: "}])
+    view = translate.ChatView.of(body, META)
+    response = translate.chat_response(chat_result(), view)
+    assert response["choices"][0]["message"]["content"] == "A: Hello"
+    assert translate.ChatView.of(chat_body(echo=True), META).echo_prefix == ""
+
+
+# ---- outbound: completions --------------------------------------------------------------------
+
+
+def test_completion_response_has_every_vllm_field() -> None:
+    result = GenerationResult(
+        request_id="abc", model="tiny", prompt=Started(prompt_token_ids=(1,)),
+        choices=(Choice(index=0, text=" x", finish_reason=FinishReason.STOP, matched_stop=2),),
+        usage=Usage(prompt_tokens=1, completion_tokens=1),
+    )
+    body = translate.completion_response(result, translate.CompletionView(meta=CMPL_META))
+    assert body == {
+        "id": "cmpl-abc", "object": "text_completion", "created": 1730000000, "model": "tiny",
+        "choices": [{"index": 0, "text": " x", "logprobs": None, "finish_reason": "stop",
+                     "stop_reason": 2, "prompt_logprobs": None, "prompt_token_ids": None,
+                     "token_ids": None}],
+        "service_tier": None, "system_fingerprint": None,
+        "usage": {"prompt_tokens": 1, "total_tokens": 2, "completion_tokens": 1,
+                  "prompt_tokens_details": None, "completion_tokens_details": None},
+        "kv_transfer_params": None,
+    }
+    Completion.model_validate(body)
+
+
+def lp(token: str, value: float, token_id: int = 0) -> TokenLogprob:
+    return TokenLogprob(token_id=token_id, token=token, logprob=value,
+                        top=(TopLogprob(token_id=99, token="zz", logprob=-3.0),))
+
+
+def test_completion_echo_logprobs_cover_prompt_then_output() -> None:
+    started = Started(prompt_token_ids=(5, 6), prompt_text="ab",
+                      prompt_logprobs=(None, lp("b", -1.0, 6)))
+    result = GenerationResult(
+        request_id="abc", model="tiny", prompt=started,
+        choices=(Choice(index=0, text="cd", finish_reason=FinishReason.LENGTH,
+                        logprobs=(lp("cd", -0.25),)),),
+        usage=Usage(prompt_tokens=2, completion_tokens=1),
+    )
+    view = translate.CompletionView(meta=CMPL_META, logprobs=1, echo=True, echo_texts=("ab",),
+                                    token_texts=lambda ids: [f"<{i}>" for i in ids])
+    choice = translate.completion_response(result, view)["choices"][0]
+    assert choice["text"] == "abcd"
+    assert choice["logprobs"] == {
+        "text_offset": [0, 3, 4],
+        "token_logprobs": [None, -1.0, -0.25],
+        "tokens": ["<5>", "b", "cd"],
+        "top_logprobs": [None, {"b": -1.0, "zz": -3.0}, {"cd": -0.25, "zz": -3.0}],
+    }
+
+
+def test_completion_stream_echoes_once_per_choice_and_tracks_offsets() -> None:
+    view = translate.CompletionView(
+        meta=CMPL_META, n=1, echo=True, logprobs=0, echo_texts=("p0", "p1"),
+        usage=translate.StreamUsage(include=True),
+    )
+    events = [
+        Started(prompt_token_ids=(1, 2)),
+        Delta(choice=0, text="x", token_ids=(3,), logprobs=(lp("x", -1.0),)),
+        Delta(choice=1, text="y", token_ids=(4,), logprobs=(lp("y", -1.0),)),
+        Delta(choice=0, text="z", token_ids=(5,), logprobs=(lp("z", -1.0),)),
+        ChoiceEnd(choice=0, reason=FinishReason.LENGTH),
+        ChoiceEnd(choice=1, reason=FinishReason.STOP),
+        Done(usage=Usage(prompt_tokens=4, completion_tokens=3)),
+    ]
+    chunks = encode_all(translate.CompletionStreamEncoder(view), events)
+    texts = [(c["choices"][0]["index"], c["choices"][0]["text"]) for c in chunks if c["choices"]]
+    assert texts == [(0, "p0x"), (1, "p1y"), (0, "z"), (0, ""), (1, "")]
+    # offsets are per choice; prompt 1's own rows are unknown in a batch, so it starts past it
+    assert chunks[1]["choices"][0]["logprobs"]["text_offset"] == [2]
+    assert chunks[2]["choices"][0]["logprobs"]["text_offset"] == [1]
+    assert chunks[3]["choices"][0] == {"index": 0, "text": "", "logprobs": None,
+                                       "finish_reason": "length", "stop_reason": None}
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"] == {"prompt_tokens": 4, "total_tokens": 7, "completion_tokens": 3}
+    for chunk in chunks:  # (the SDK's own model rejects vLLM's null finish_reason in chunks)
+        assert set(chunk) == {"id", "object", "created", "model", "choices"} | (
+            {"usage"} if not chunk["choices"] else set()
+        )
+        assert chunk["object"] == "text_completion"
+
+
+def test_completion_echo_without_generation_returns_prompt_only() -> None:
+    body = completion_body(echo=True, max_tokens=0)
+    view = translate.CompletionView.of(body, CMPL_META, prompts=[TextPrompt("one two")],
+                                       token_texts=lambda ids: [])
+    result = GenerationResult(
+        request_id="r", model="tiny", prompt=Started(prompt_token_ids=(1, 2)),
+        choices=(Choice(index=0, text="more", finish_reason=FinishReason.LENGTH),),
+        usage=Usage(prompt_tokens=2, completion_tokens=1),
+    )
+    assert translate.completion_response(result, view)["choices"][0]["text"] == "one two"
+
+
+# ---- models, errors -----------------------------------------------------------------------------
+
+
+def test_model_list_shows_lineage_without_paths() -> None:
+    body = translate.model_list(["tiny"], ["a1"], created=5, max_model_len=512)
+    base, adapter = body["data"]
+    assert (base["id"], base["root"], base["parent"], base["max_model_len"]) == (
+        "tiny", "tiny", None, 512
+    )
+    assert (adapter["id"], adapter["parent"], adapter["max_model_len"]) == ("a1", "tiny", None)
+    assert base["permission"][0]["object"] == "model_permission"
+    assert set(base) == {"id", "object", "created", "owned_by", "root", "parent",
+                         "max_model_len", "permission"}
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "kind"),
+    [
+        (InvalidRequest("x", param="n"), 400, "BadRequestError"),
+        (ContextLengthExceeded("x"), 400, "BadRequestError"),
+        (AdapterInvalid("x"), 400, "BadRequestError"),
+        (errors.InvalidUserInput("x"), 400, "InvalidUserInput"),
+        (AdapterExists("x"), 400, "InvalidUserInput"),
+        (ModelNotFound("x"), 404, "NotFoundError"),
+        (errors.LoraPathNotFound("x"), 404, "NotFoundError"),
+        (Overloaded(), 429, "RateLimitError"),
+        (EngineError("x"), 500, "InternalServerError"),
+        (GatewayError("x"), 500, "InternalServerError"),
+        (ServiceUnavailable("x"), 503, "ServiceUnavailableError"),
+        (DeadlineExceeded("x"), 504, "TimeoutError"),
+    ],
+)
+def test_error_table(exc: GatewayError, status: int, kind: str) -> None:
+    response = errors.render(exc)
+    assert response.status_code == status
+    assert json.loads(bytes(response.body)) == {
+        "error": {"message": "x" if exc.message == "x" else exc.message, "type": kind,
+                  "param": exc.param, "code": status}
+    }
+
+
+def test_overload_and_unavailable_say_when_to_retry() -> None:
+    assert errors.render(Overloaded(retry_after_s=2)).headers["retry-after"] == "2"
+    assert errors.render(ServiceUnavailable("x", retry_after_s=7)).headers["retry-after"] == "7"
+
+
+def test_stream_error_is_one_event_then_done() -> None:
+    payloads = sse_payloads(errors.stream_error(EngineError("boom")))
+    assert payloads == [
+        {"error": {"message": "boom", "type": "InternalServerError", "param": None, "code": 500}},
+        "[DONE]",
+    ]
+
+
+def test_load_error_mapping_follows_vllm() -> None:
+    assert isinstance(routes._load_error(AdapterExists("x"), "a", "/p"), errors.InvalidUserInput)
+    missing = routes._load_error(AdapterInvalid("No adapter found at 'x'"), "a", "/p")
+    assert isinstance(missing, errors.LoraPathNotFound)
+    assert missing.message == "Loading lora a failed: No adapter found for /p"
+    rank = AdapterInvalid("LoRA rank 16 is greater than max_lora_rank 8.")
+    assert routes._load_error(rank, "a", "/p") is rank
+    conflict = routes._load_error(InvalidRequest("conflicts with a served base model"), "a", "/p")
+    assert isinstance(conflict, errors.InvalidUserInput)
+
+
+# ---- routes in process on the fake engine -----------------------------------------------------
+
+
+def make_context(engine: FakeEngine | None = None, *, runtime_lora: bool = True) -> ProtocolContext:
+    engine = engine or FakeEngine(model_name="tiny")
+    lifecycle = Lifecycle()
+    lifecycle.ready()
+    registry = AdapterRegistry(
+        engine=engine,
+        rules=AdapterRules(roots=(str(Path.cwd()),), max_rank=8, base_names=frozenset({"tiny"})),
+        limits=AdapterLimits(enabled=True, max_loras=2, max_cpu_loras=4),
+    )
+    service = InferenceService(
+        engine=engine, adapters=registry, lifecycle=lifecycle, limits=Limits(),
+        base_names=["tiny"],
+    )
+    return ProtocolContext(service=service, bounds=BOUNDS, created=42,
+                           allow_runtime_lora=runtime_lora)
+
+
+async def client_for(ctx: ProtocolContext) -> httpx.AsyncClient:
+    tokenize = Route("/tokenize", routes.tokenize(ctx), methods=["POST"])  # shared path upstream
+    app = Starlette(routes=[*routes.data_routes(ctx), tokenize])
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with await client_for(make_context()) as http:
+        yield http
+
+
+@pytest.mark.anyio
+async def test_unknown_model_returns_vllm_404(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/completions", json={"model": "nope", "prompt": "hi"})
+    assert response.status_code == 404
+    assert response.json() == {"error": {
+        "message": "The model `nope` does not exist. Valid aliases: tiny.",
+        "type": "NotFoundError", "param": "model", "code": 404,
+    }}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": "hi", "n": "many"}, "body.n"),
+        ("/v1/completions", {"prompt": {"a": 1}}, "body.prompt"),
+        ("/v1/chat/completions", {"messages": "hi"}, "body.messages"),
+        ("/v1/chat/completions", {"messages": []}, "body.messages"),
+        ("/v1/chat/completions", {"messages": [{"content": "x"}]}, "body.messages.0.role"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                  "temperature": -1}, "body.temperature"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 99}, "n"),
+    ],
+)
+async def test_validation_errors_are_400_with_param(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], param: str
+) -> None:
+    response = await client.post(path, json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("BadRequestError", param, 400)
+
+
+@pytest.mark.anyio
+async def test_non_json_bodies_are_400(client: httpx.AsyncClient) -> None:
+    bad = await client.post("/v1/chat/completions", content=b"{nope",
+                            headers={"content-type": "application/json"})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["type"] == "BadRequestError"
+    text = await client.post("/v1/completions", content=b'{"prompt": "x"}',
+                             headers={"content-type": "text/plain"})
+    assert text.status_code == 400
+    assert "Only 'application/json' is allowed" in text.json()["error"]["message"]
+
+
+@pytest.mark.anyio
+async def test_x_request_id_becomes_the_response_id(client: httpx.AsyncClient) -> None:
+    response = await client.post(
+        "/v1/chat/completions", headers={"x-request-id": "req-7"},
+        json={"messages": [{"role": "user", "content": "a b"}], "max_tokens": 2},
+    )
+    assert response.status_code == 200
+    assert response.json()["id"] == "chatcmpl-req-7"
+    body_id = await client.post("/v1/completions", json={"prompt": "a", "request_id": "mine"})
+    assert body_id.json()["id"] == "cmpl-mine"
+
+
+@pytest.mark.anyio
+async def test_stream_is_framed_like_vllm(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/completions", json={
+        "prompt": "a b c", "max_tokens": 3, "stream": True,
+        "stream_options": {"include_usage": True},
+    })
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    payloads = sse_payloads(response.content)
+    assert payloads[-1] == "[DONE]"
+    assert payloads[-2]["usage"] == {"prompt_tokens": 3, "total_tokens": 6,
+                                     "completion_tokens": 3}
+    assert "".join(p["choices"][0]["text"] for p in payloads[:-2]) == "a b c "
+
+
+@pytest.mark.anyio
+async def test_list_of_prompts_indexes_choices_over_prompts_and_n(
+    client: httpx.AsyncClient,
+) -> None:
+    response = await client.post("/v1/completions", json={
+        "prompt": ["a b", "c d"], "n": 2, "max_tokens": 1, "echo": True,
+    })
+    body = response.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in body["choices"]] == ["a ba ", "a bb ", "c dc ", "c dd "]
+    assert body["usage"]["prompt_tokens"] == 4
+
+
+@pytest.mark.anyio
+async def test_error_after_stream_start_is_in_band() -> None:
+    ctx = make_context(FakeEngine(FakeScript(fail_after=2), model_name="tiny"))
+    async with await client_for(ctx) as http:
+        response = await http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "a b c"}], "stream": True,
+        })
+        assert response.status_code == 200
+        payloads = sse_payloads(response.content)
+        assert payloads[-2] == {"error": {"message": "scripted failure",
+                                          "type": "InternalServerError", "param": None,
+                                          "code": 500}}
+        assert payloads[-1] == "[DONE]"
+        assert ctx.service.admission.running == 0  # the slot came back
+
+
+@pytest.mark.anyio
+async def test_engine_rejection_before_output_gets_a_real_status() -> None:
+    engine = FakeEngine(FakeScript(reject_with=ContextLengthExceeded("too long")),
+                        model_name="tiny")
+    async with await client_for(make_context(engine)) as http:
+        response = await http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "x"}], "stream": True,
+        })
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "too long"
+
+
+@pytest.mark.anyio
+async def test_models_tokenize_detokenize_version(client: httpx.AsyncClient) -> None:
+    models = (await client.get("/v1/models")).json()
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+    assert (await client.get("/v1/models/tiny")).json() == {
+        "id": "tiny", "object": "model", "created": 42, "owned_by": "vllm"
+    }
+    missing = await client.get("/v1/models/ghost")
+    assert (missing.status_code, missing.json()["error"]["type"]) == (404, "NotFoundError")
+    tokens = (await client.post("/tokenize", json={"prompt": "a b", "return_token_strs": True}))
+    assert set(tokens.json()) == {"count", "max_model_len", "tokens", "token_strs"}
+    assert tokens.json()["count"] == 2
+    chat = await client.post("/tokenize", json={"messages": [{"role": "user", "content": "x"}]})
+    assert chat.json()["token_strs"] is None
+    text = await client.post("/detokenize", json={"tokens": [1, 2]})
+    assert text.json() == {"prompt": "t1t2"}
+    assert (await client.post("/detokenize", json={"tokens": [10**6]})).status_code == 400
+    assert (await client.get("/version")).json() == {"version": "fake"}
+
+
+@pytest.mark.anyio
+async def test_runtime_lora_routes_absent_when_disabled() -> None:
+    async with await client_for(make_context(runtime_lora=False)) as http:
+        response = await http.post("/v1/load_lora_adapter", json={"lora_name": "x",
+                                                                   "lora_path": "/x"})
+    assert response.status_code == 404
+
+
+@pytest.mark.anyio
+async def test_runtime_lora_refusals_without_touching_the_engine(
+    client: httpx.AsyncClient,
+) -> None:
+    empty = await client.post("/v1/load_lora_adapter", json={"lora_name": "x"})
+    assert (empty.status_code, empty.json()["error"]["type"]) == (400, "InvalidUserInput")
+    base = await client.post("/v1/load_lora_adapter", json={"lora_name": "tiny",
+                                                           "lora_path": str(Path.cwd())})
+    assert (base.status_code, base.json()["error"]["message"]) == (
+        400, "The lora adapter 'tiny' conflicts with a served base model."
+    )
+    gone = await client.post("/v1/unload_lora_adapter", json={"lora_name": "ghost"})
+    assert gone.status_code == 404
+    assert gone.json()["error"] == {"message": "The lora adapter 'ghost' cannot be found.",
+                                    "type": "NotFoundError", "param": None, "code": 404}
