@@ -1,0 +1,75 @@
+"""Triton / KServe v2 errors: one table from domain errors to Triton's status codes.
+
+Body `{"error": "<message>"}` everywhere (Triton's envelope). Triton's own mapping: invalid
+argument → 400, not found → 404, unavailable → 503, internal → 500. Overload is "unavailable" in
+Triton (queue full), so 503 with `Retry-After`. `stopInfer` for an unknown id answers MindIE's
+404 body, which adds `"error_type": "NotFoundError"`. Stream errors after the first event are
+`data: {"error": "..."}` events.
+"""
+
+from __future__ import annotations
+
+from starlette.responses import Response
+
+from protocols._common import jsonio
+from protocols._common.http import json_response
+from protocols._common.streaming import sse_event
+from server.core.errors import (
+    AdapterCapacity,
+    AdapterExists,
+    DeadlineExceeded,
+    EngineError,
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+    RequestNotFound,
+    ServiceUnavailable,
+    Unauthorized,
+)
+
+
+class ClientDisconnected(GatewayError):
+    """The client went away before its answer; the engine request was aborted."""
+
+    error_type = "aborted"
+
+
+STATUS: dict[type[GatewayError], int] = {
+    InvalidRequest: 400,
+    Unauthorized: 401,
+    ModelNotFound: 404,
+    RequestNotFound: 404,
+    AdapterExists: 409,
+    ClientDisconnected: 499,
+    EngineError: 500,
+    Overloaded: 503,
+    ServiceUnavailable: 503,
+    AdapterCapacity: 503,
+    DeadlineExceeded: 504,
+    GatewayError: 500,
+}
+
+
+def status_of(exc: GatewayError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+def body_of(exc: GatewayError) -> dict[str, str]:
+    if isinstance(exc, RequestNotFound):
+        return {"error": exc.message, "error_type": "NotFoundError"}
+    return {"error": exc.message}
+
+
+def render(exc: GatewayError) -> Response:
+    headers = None
+    if isinstance(exc, Overloaded | ServiceUnavailable):
+        headers = {"retry-after": str(exc.retry_after_s)}
+    return json_response(body_of(exc), status_of(exc), headers)
+
+
+def stream_error(exc: GatewayError) -> bytes:
+    return sse_event(jsonio.dumps({"error": exc.message}))

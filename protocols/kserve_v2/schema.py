@@ -1,0 +1,60 @@
+"""KServe v2 / Triton wire models (pydantic, at the edge only).
+
+`InferRequest` is the JSON header of `POST …/infer` (KServe "Open Inference Protocol" REST, with
+Triton's binary tensor data extension: an input carries either `data` or
+`parameters.binary_data_size`). The generate extension's body has dynamic top-level keys (each
+one names an input tensor or a request parameter), so it is read by `translate.generate_fields`
+rather than a fixed model. `StopInferRequest` is MindIE's `…/stopInfer` body.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+
+Dim = Annotated[int, Field(strict=True, ge=0)]
+
+
+class InferInput(BaseModel):
+    """One input tensor. `data` is JSON (nested or flat, row-major); absent when binary."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: StrictStr
+    shape: list[Dim]
+    datatype: StrictStr
+    parameters: dict[str, Any] | None = None
+    data: Any = None
+
+    @property
+    def has_data(self) -> bool:
+        return "data" in self.model_fields_set
+
+    @property
+    def binary_size(self) -> Any:
+        return (self.parameters or {}).get("binary_data_size")
+
+
+class RequestedOutput(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: StrictStr
+    parameters: dict[str, Any] | None = None
+
+
+class InferRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: StrictStr | None = Field(default=None, max_length=256)
+    parameters: dict[str, Any] | None = None
+    inputs: list[InferInput]
+    outputs: list[RequestedOutput] | None = None
+
+
+class StopInferRequest(BaseModel):
+    """MindIE: the id a running Triton/MindIE request was given."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: StrictStr = Field(min_length=1, max_length=256)

@@ -1,0 +1,108 @@
+"""Per-model inference statistics for Triton's statistics extension (`…/stats`).
+
+Counted here, for requests served through the Triton routes, keyed by the model named in the path
+(the base model or an adapter). Phases of a successful request: `compute_input` (body parsing and
+translation), `queue` (admission until the engine's first event), `compute_infer` (the rest of
+generation), `compute_output` (encoding). Durations are Triton's `{"count", "ns"}` pairs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+PHASES = ("compute_input", "queue", "compute_infer", "compute_output")
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.ns += max(0, ns)
+
+    def to_json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass(slots=True)
+class ModelStats:
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    phases: dict[str, Duration] = field(default_factory=lambda: {p: Duration() for p in PHASES})
+    inference_count: int = 0
+    last_inference_ms: int = 0
+
+
+class RequestTimer:
+    """Marks the phases of one request; `success()` or `failure()` books it (once)."""
+
+    def __init__(self, stats: InferenceStats, model: str) -> None:
+        self._stats = stats
+        self._model = model
+        self._marks = [stats.clock()]
+        self._booked = False
+
+    def mark(self) -> None:
+        """End the current phase (in the order of PHASES)."""
+        self._marks.append(self._stats.clock())
+
+    def success(self) -> None:
+        if not self._booked:
+            self._booked = True
+            self._stats.book(self._model, [*self._marks, self._stats.clock()], ok=True)
+
+    def failure(self) -> None:
+        if not self._booked:
+            self._booked = True
+            self._stats.book(self._model, [self._marks[0], self._stats.clock()], ok=False)
+
+
+class InferenceStats:
+    def __init__(
+        self, *, clock: Callable[[], int] = time.perf_counter_ns,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.clock = clock
+        self._wall = wall
+        self._models: dict[str, ModelStats] = {}
+
+    def timer(self, model: str) -> RequestTimer:
+        return RequestTimer(self, model)
+
+    def book(self, model: str, marks: list[int], *, ok: bool) -> None:
+        stats = self._models.setdefault(model, ModelStats())
+        (stats.success if ok else stats.fail).add(marks[-1] - marks[0])
+        if ok:  # Triton counts successful inferences only
+            stats.inference_count += 1
+            stats.last_inference_ms = int(self._wall() * 1000)
+            for phase, start, end in zip(PHASES, marks, marks[1:], strict=False):
+                stats.phases[phase].add(end - start)
+
+    def to_json(self, names: Iterable[str], version: str) -> dict[str, Any]:
+        return {"model_stats": [self._entry(name, version) for name in names]}
+
+    def _entry(self, name: str, version: str) -> dict[str, Any]:
+        stats = self._models.get(name) or ModelStats()
+        phases = {phase: duration.to_json() for phase, duration in stats.phases.items()}
+        zero = {"count": 0, "ns": 0}
+        return {
+            "name": name, "version": version,
+            "last_inference": stats.last_inference_ms,
+            "inference_count": stats.inference_count,
+            "execution_count": stats.inference_count,
+            "inference_stats": {
+                "success": stats.success.to_json(), "fail": stats.fail.to_json(),
+                "queue": phases["queue"], "compute_input": phases["compute_input"],
+                "compute_infer": phases["compute_infer"],
+                "compute_output": phases["compute_output"],
+                "cache_hit": zero, "cache_miss": zero,
+            },
+            "response_stats": {},
+            "batch_stats": [],
+            "memory_usage": [],
+        }

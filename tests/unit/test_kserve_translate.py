@@ -1,0 +1,550 @@
+"""Triton / KServe v2 pure parts: tensor codec (JSON and binary), sampling knobs, translation,
+response shapes, error table and statistics. No server, no engine."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import struct
+import zlib
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from protocols._common.context import RequestBounds
+from protocols.kserve_v2 import errors, tensors
+from protocols.kserve_v2.models import ModelRef, model_config, model_metadata, resolve_model
+from protocols.kserve_v2.sampling import read_knobs, to_knobs
+from protocols.kserve_v2.schema import InferRequest
+from protocols.kserve_v2.stats import InferenceStats
+from protocols.kserve_v2.tensors import DATATYPES, Tensor
+from protocols.kserve_v2.translate import (
+    OutputPlan,
+    StreamFolder,
+    Target,
+    TextCall,
+    TokenCall,
+    decode_inputs,
+    generate_body,
+    generate_fields,
+    infer_call,
+    output_plan,
+    response_header,
+    select_outputs,
+    text_call,
+    text_outputs,
+)
+from server.core.errors import (
+    AdapterNotFound,
+    DeadlineExceeded,
+    EngineError,
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+    PayloadTooLarge,
+    RequestNotFound,
+    ServiceUnavailable,
+    Unsupported,
+)
+from server.core.types import (
+    Choice,
+    ChoiceEnd,
+    Delta,
+    Done,
+    FinishReason,
+    GenerationResult,
+    Started,
+    TextPrompt,
+    TokenLogprob,
+    TokenPrompt,
+    TopLogprob,
+    Usage,
+)
+
+BOUNDS = RequestBounds(max_n=4, max_stop_sequences=2, max_stop_length=8, max_logprobs=5)
+BASE = ModelRef("tiny")
+
+
+def target(model: ModelRef = BASE, client_id: str | None = None) -> Target:
+    return Target(model=model, request_id=client_id or "rid", client_id=client_id, bounds=BOUNDS,
+                  adapters=frozenset({"a1", "a2"}), vocab_size=100)
+
+
+def tensor(name: str, datatype: str, *values: Any) -> Tensor:
+    data = tuple(v.encode() if isinstance(v, str) else v for v in values)
+    return Tensor(name, datatype, (len(values),), data)
+
+
+def prompt_inputs(text: str = "hi", **flags: bool) -> dict[str, Tensor]:
+    found = {"text_input": tensor("text_input", "BYTES", text)}
+    found.update({name: tensor(name, "BOOL", value) for name, value in flags.items()})
+    return found
+
+
+def result(*texts: str, reason: FinishReason = FinishReason.LENGTH,
+           logprobs: tuple[TokenLogprob, ...] = ()) -> GenerationResult:
+    choices = tuple(
+        Choice(index=i, text=t, finish_reason=reason, token_ids=tuple(range(len(t))),
+               logprobs=logprobs)
+        for i, t in enumerate(texts)
+    )
+    return GenerationResult(request_id="r", model="tiny", prompt=Started(prompt_token_ids=(1, 2)),
+                            choices=choices, usage=Usage(prompt_tokens=2, completion_tokens=3))
+
+
+# ---- binary tensor codec -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("datatype", "values"),
+    [
+        ("BOOL", (True, False, True)), ("UINT8", (0, 255)), ("UINT16", (1, 65535)),
+        ("UINT32", (0, 4294967295)), ("UINT64", (2**64 - 1,)), ("INT8", (-128, 127)),
+        ("INT16", (-2, 3)), ("INT32", (-(2**31), 7)), ("INT64", (-(2**63),)),
+        ("FP16", (0.5, -2.0)), ("FP32", (1.25, -3.5)), ("FP64", (1e300,)), ("BF16", (1.5, -2.0)),
+        ("BYTES", (b"", b"abc", "é".encode())),
+    ],
+)
+def test_binary_round_trip_of_every_datatype(datatype: str, values: tuple[Any, ...]) -> None:
+    original = Tensor("t", datatype, (len(values),), values)
+    raw = tensors.to_binary(original)
+    assert tensors.from_binary("t", DATATYPES[datatype], original.shape, raw) == original
+
+
+def test_binary_layout_is_little_endian_with_length_prefixed_strings() -> None:
+    assert tensors.to_binary(Tensor("t", "UINT32", (2,), (1, 256))) == b"\x01\0\0\0\0\x01\0\0"
+    assert tensors.to_binary(Tensor("t", "BYTES", (2,), (b"ab", b""))) == (
+        b"\x02\0\0\0ab\0\0\0\0"
+    )
+    assert tensors.to_binary(Tensor("t", "BOOL", (2,), (True, False))) == b"\x01\x00"
+
+
+@given(st.lists(st.binary(max_size=40), max_size=8))
+def test_bytes_elements_round_trip(items: list[bytes]) -> None:
+    original = Tensor("t", "BYTES", (len(items),), tuple(items))
+    raw = tensors.to_binary(original)
+    assert tensors.from_binary("t", DATATYPES["BYTES"], original.shape, raw) == original
+
+
+@given(st.lists(st.integers(min_value=0, max_value=2**32 - 1), max_size=16))
+def test_uint32_round_trip(ids: list[int]) -> None:
+    original = Tensor("t", "UINT32", (1, len(ids)), tuple(ids))
+    raw = tensors.to_binary(original)
+    assert len(raw) == 4 * len(ids)
+    assert tensors.from_binary("t", DATATYPES["UINT32"], original.shape, raw) == original
+
+
+@pytest.mark.parametrize(
+    ("datatype", "shape", "raw", "message"),
+    [
+        ("BYTES", (1,), b"\x05\0\0\0ab", "incomplete string data"),
+        ("BYTES", (1,), b"\x05\0", "incomplete string length"),
+        ("BYTES", (2,), b"\x01\0\0\0a", "unexpected number of string elements 1"),
+        ("UINT32", (2,), b"\x01\0\0\0", "unexpected total byte size 4"),
+        ("BOOL", (1,), b"", "unexpected total byte size 0"),
+    ],
+)
+def test_malformed_binary_inputs_are_invalid(
+    datatype: str, shape: tuple[int, ...], raw: bytes, message: str
+) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        tensors.from_binary("x", DATATYPES[datatype], shape, raw)
+
+
+def test_split_body_by_the_inference_header_length() -> None:
+    assert tensors.split_body(b'{"a":1}rest', "7") == (b'{"a":1}', b"rest")
+    assert tensors.split_body(b'{"a":1}', None) == (b'{"a":1}', None)
+    for bad, message in (("8", "should be in range"), ("-1", "Unable to parse"),
+                         ("0", "raw binary"), ("abc", "Unable to parse")):
+        with pytest.raises(InvalidRequest, match=message):
+            tensors.split_body(b'{"a":1}', bad)
+
+
+def test_encode_response_puts_binary_outputs_after_the_header_in_order() -> None:
+    outputs = [tensor("a", "BYTES", "xy"), tensor("b", "UINT32", 7), tensor("c", "FP32", 0.5)]
+    body, length = tensors.encode_response({"model_name": "m"}, outputs, frozenset({"a", "c"}))
+    assert length is not None
+    head = json.loads(body[:length])
+    assert head["outputs"] == [
+        {"name": "a", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 6}},
+        {"name": "b", "datatype": "UINT32", "shape": [1], "data": [7]},
+        {"name": "c", "datatype": "FP32", "shape": [1], "parameters": {"binary_data_size": 4}},
+    ]
+    assert body[length:] == b"\x02\0\0\0xy" + struct.pack("<f", 0.5)
+
+
+def test_encode_response_without_binary_is_plain_json() -> None:
+    body, length = tensors.encode_response({"id": "1"}, [tensor("a", "BYTES", "é")], frozenset())
+    assert length is None
+    assert json.loads(body) == {"id": "1", "outputs": [
+        {"name": "a", "datatype": "BYTES", "shape": [1], "data": ["é"]}]}
+
+
+def test_tritonclient_decodes_our_binary_response() -> None:
+    from tritonclient.http import InferResult
+
+    outputs = [tensor("text_output", "BYTES", "héllo", "w"), tensor("n", "UINT32", 3, 4)]
+    body, length = tensors.encode_response(
+        {"model_name": "m", "model_version": "1"}, outputs, frozenset({"text_output", "n"})
+    )
+    parsed = InferResult.from_response_body(body, header_length=length)
+    assert parsed.as_numpy("text_output").tolist() == ["héllo".encode(), b"w"]
+    assert parsed.as_numpy("n").tolist() == [3, 4]
+
+
+# ---- JSON tensor data ----------------------------------------------------------------------------
+def test_json_data_may_be_nested_and_is_flattened_row_major() -> None:
+    got = tensors.from_json("t", DATATYPES["INT32"], (2, 2), [[1, 2], [3, 4]])
+    assert got.data == (1, 2, 3, 4)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "message"),
+    [
+        ("BYTES", [1], "non-string as string"), ("BOOL", ["true"], "non-boolean as boolean"),
+        ("UINT32", [-1], "out of range"), ("UINT8", [256], "out of range"),
+        ("INT32", [1.5], "non-signed-integer"), ("UINT32", [True], "non-unsigned-integer"),
+        ("FP32", ["x"], "non-number"), ("INT8", [1, 2], "expects 1 element"),
+    ],
+)
+def test_json_data_type_errors(datatype: str, data: list[Any], message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        tensors.from_json("t", DATATYPES[datatype], (1,), data)
+
+
+def test_decode_inputs_mixes_json_and_binary_in_input_order() -> None:
+    wire = InferRequest.model_validate({"inputs": [
+        {"name": "a", "shape": [1], "datatype": "BOOL", "parameters": {"binary_data_size": 1}},
+        {"name": "b", "shape": [1], "datatype": "BYTES", "data": ["j"]},
+        {"name": "c", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 5}},
+    ]})
+    got = decode_inputs(wire.inputs, b"\x01\x01\0\0\0z", "m")
+    assert [t.data for t in got] == [(True,), (b"j",), (b"z",)]
+    with pytest.raises(InvalidRequest, match="Infer-Header-Content-Length"):
+        decode_inputs(wire.inputs, None, "m")
+
+
+def test_decode_inputs_refuses_data_and_binary_together_and_shared_memory() -> None:
+    both = InferRequest.model_validate({"inputs": [
+        {"name": "a", "shape": [1], "datatype": "BOOL", "data": [True],
+         "parameters": {"binary_data_size": 1}}]})
+    with pytest.raises(InvalidRequest, match="set 'data' 'binary_data_size'"):
+        decode_inputs(both.inputs, b"\x01", "m")
+    shm = InferRequest.model_validate({"inputs": [
+        {"name": "a", "shape": [1], "datatype": "BOOL",
+         "parameters": {"shared_memory_region": "r"}}]})
+    with pytest.raises(Unsupported):
+        decode_inputs(shm.inputs, None, "m")
+
+
+def test_inflate_gzip_and_deflate_with_a_size_limit() -> None:
+    assert tensors.inflate(gzip.compress(b"abc"), "gzip", 10) == b"abc"
+    assert tensors.inflate(zlib.compress(b"abc"), "deflate", 10) == b"abc"
+    assert tensors.inflate(b"abc", None, 10) == b"abc"
+    with pytest.raises(PayloadTooLarge):
+        tensors.inflate(gzip.compress(b"a" * 1000), "gzip", 100)
+    with pytest.raises(InvalidRequest, match="not valid gzip"):
+        tensors.inflate(b"plain", "gzip", 100)
+    with pytest.raises(InvalidRequest, match="Unsupported content-encoding"):
+        tensors.inflate(b"x", "br", 100)
+
+
+# ---- sampling knobs ------------------------------------------------------------------------------
+def test_vllm_and_mindie_names_map_to_the_same_knobs() -> None:
+    vllm = to_knobs(read_knobs({"max_tokens": "7", "temperature": 0, "top_k": 5,
+                                "ignore_eos": "true", "stop": "x"}, strict=True), BOUNDS, 16)
+    mindie = to_knobs(read_knobs({"max_new_tokens": 7, "do_sample": False, "top_k": 5,
+                                  "ignore_eos": True, "stop": ["x"]}, strict=False), BOUNDS, 16)
+    assert vllm.sampling == mindie.sampling
+    assert vllm.sampling.max_new_tokens == 7 and vllm.sampling.temperature == 0.0
+
+
+def test_unknown_knobs_are_errors_only_when_strict() -> None:
+    assert read_knobs({"sequence_id": 3, "binary_data_output": True}, strict=False) == {}
+    with pytest.raises(InvalidRequest, match="unknown sampling parameter 'bogus'"):
+        read_knobs({"bogus": 1}, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"max_tokens": -1}, "'max_tokens' must be at least 1"),
+        ({"max_new_tokens": 0}, "'max_new_tokens' must be at least 1"),
+        ({"temperature": -0.5}, "non-negative"), ({"top_p": 0}, r"in \(0, 1\]"),
+        ({"top_k": -2}, "-1"), ({"n": 5}, "at most 4"), ({"logprobs": 6}, "at most 5"),
+        ({"stop": ["a", "b", "c"]}, "at most 2 strings"), ({"stop": ["123456789"]}, "1 to 8"),
+        ({"stop": [""]}, "1 to 8"), ({"best_of": 1, "n": 2}, "at least 'n'"),
+        ({"min_tokens": 5, "max_tokens": 2}, "'min_tokens' must be at most 'max_tokens'"),
+        ({"max_tokens": "many"}, "must be an integer"), ({"temperature": "nan"}, "finite"),
+        ({"ignore_eos": "yes"}, "boolean"), ({"stop": 5}, "string or a list"),
+        ({"seed": -1}, "seed"), ({"watermark": True}, "not supported"),
+        ({"typical_p": 0.5}, "not supported"), ({"timeout": 0}, "65535"),
+    ],
+)
+def test_knob_bounds(params: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        to_knobs(read_knobs(params, strict=False), BOUNDS, 16)
+
+
+def test_server_bound_on_new_tokens_applies() -> None:
+    with pytest.raises(InvalidRequest, match="at most 10"):
+        to_knobs(read_knobs({"max_tokens": 11}, strict=True),
+                 RequestBounds(max_new_tokens=10), 16)
+
+
+# ---- models ------------------------------------------------------------------------------------
+def test_resolve_model_base_adapter_versions() -> None:
+    names = {"base_names": frozenset({"tiny"}), "adapters": frozenset({"a1"})}
+    assert resolve_model("tiny", None, **names) == ModelRef("tiny", None)
+    assert resolve_model("a1", "1", **names) == ModelRef("a1", "a1")
+    with pytest.raises(ModelNotFound, match="'x' is not found"):
+        resolve_model("x", None, **names)
+    with pytest.raises(ModelNotFound, match="'tiny' version 3 is not found"):
+        resolve_model("tiny", "3", **names)
+    with pytest.raises(InvalidRequest, match="version string 'v1'"):
+        resolve_model("tiny", "v1", **names)
+
+
+def test_metadata_and_config_agree_on_the_signature() -> None:
+    meta, config = model_metadata(BASE), model_config(ModelRef("a1", "a1"), "tiny")
+    assert [i["name"] for i in meta["inputs"]] == [i["name"] for i in config["input"]]
+    types = {i["name"]: i["data_type"] for i in config["input"] + config["output"]}
+    assert types["text_input"] == "TYPE_STRING" and types["cumulative_logprob"] == "TYPE_FP32"
+    assert config["parameters"] == {"base_model": {"string_value": "tiny"}}
+
+
+# ---- requests --------------------------------------------------------------------------------
+def test_text_call_defaults_follow_the_vllm_backend() -> None:
+    call = text_call(prompt_inputs("hello"), {}, target(), route="infer")
+    assert call.prefix == "hello" and call.extras == () and not call.stream
+    assert call.request.prompt == TextPrompt("hello")
+    assert call.request.sampling.max_new_tokens == 16
+    assert call.request.model == "tiny" and call.request.protocol == "kserve_v2"
+    excluded = text_call(prompt_inputs("hello", exclude_input_in_output=True), {}, target(),
+                         route="generate")
+    assert excluded.prefix == ""
+
+
+def test_streams_never_prepend_and_refuse_explicit_false() -> None:
+    call = text_call(prompt_inputs("p"), {}, target(), route="generate_stream")
+    assert call.stream and call.prefix == ""
+    assert not text_call(prompt_inputs("p", stream=False), {}, target(),
+                         route="generate_stream").stream
+    with pytest.raises(InvalidRequest, match="exclude_input_in_output"):
+        text_call(prompt_inputs("p", exclude_input_in_output=False), {}, target(),
+                  route="generate_stream")
+    with pytest.raises(InvalidRequest, match="'n' must be 1"):
+        text_call(prompt_inputs("p"), {"n": 2}, target(), route="generate_stream")
+
+
+def test_flags_come_from_parameters_when_no_tensor_is_given() -> None:
+    call = text_call(prompt_inputs("p"), {"exclude_input_in_output": "true",
+                                          "return_finish_reason": True}, target(), route="infer")
+    assert call.prefix == "" and call.extras == ("finish_reason",)
+
+
+def test_lora_selection_by_path_or_lora_name() -> None:
+    by_path = text_call(prompt_inputs(), {}, target(ModelRef("a1", "a1")), route="infer")
+    assert by_path.request.model == "a1"
+    by_name = text_call(prompt_inputs(), {"lora_name": "a2"}, target(), route="infer")
+    assert by_name.request.model == "a2"
+    same = text_call(prompt_inputs(), {"lora_name": "a1"}, target(ModelRef("a1", "a1")),
+                     route="infer")
+    assert same.request.model == "a1"
+    with pytest.raises(InvalidRequest, match="conflicts"):
+        text_call(prompt_inputs(), {"lora_name": "a2"}, target(ModelRef("a1", "a1")),
+                  route="infer")
+    with pytest.raises(AdapterNotFound, match=r"LoRA zz is not supported.*\['a1', 'a2'\]"):
+        text_call(prompt_inputs(), {"lora_name": "zz"}, target(), route="infer")
+
+
+def test_sampling_parameters_tensor_wins_and_is_strict() -> None:
+    inputs = prompt_inputs()
+    inputs["sampling_parameters"] = tensor("sampling_parameters", "BYTES",
+                                           json.dumps({"max_tokens": 3}))
+    call = text_call(inputs, {"max_tokens": 9}, target(), route="infer")
+    assert call.request.sampling.max_new_tokens == 3
+    inputs["sampling_parameters"] = tensor("sampling_parameters", "BYTES", "[1]")
+    with pytest.raises(InvalidRequest, match="JSON object"):
+        text_call(inputs, {}, target(), route="infer")
+    inputs["sampling_parameters"] = tensor("sampling_parameters", "BYTES", '{"nope": 1}')
+    with pytest.raises(InvalidRequest, match="unknown sampling parameter 'nope'"):
+        text_call(inputs, {}, target(), route="infer")
+
+
+def test_cumulative_logprob_asks_the_engine_for_sampled_logprobs() -> None:
+    call = text_call(prompt_inputs(return_cumulative_logprob=True), {}, target(), route="infer")
+    assert call.request.output.logprobs == 0 and not call.logprobs_asked
+
+
+def test_infer_request_timeout_is_in_microseconds() -> None:
+    wire = InferRequest.model_validate({
+        "inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["x"]}],
+        "parameters": {"timeout": 2_500_000},
+    })
+    call = infer_call(wire, decode_inputs(wire.inputs, None, "tiny"), target())
+    assert isinstance(call, TextCall) and call.request.timeout_s == 2.5
+
+
+def test_token_variant_reads_ids_and_item_parameters() -> None:
+    wire = InferRequest.model_validate({
+        "inputs": [{"name": "input0", "shape": [1, 3], "datatype": "UINT32", "data": [1, 2, 3],
+                    "parameters": {"max_new_tokens": 4, "temperature": 0.5, "timeout": 9}}],
+        "outputs": [{"name": "ids"}],
+    })
+    call = infer_call(wire, decode_inputs(wire.inputs, None, "tiny"), target())
+    assert isinstance(call, TokenCall)
+    assert call.request.prompt == TokenPrompt((1, 2, 3)) and call.output_name == "ids"
+    assert call.request.sampling.max_new_tokens == 4 and call.request.timeout_s == 9
+
+
+@pytest.mark.parametrize(
+    ("shape", "data", "message"),
+    [((2, 1), [1, 2], "two-dimensional"), ((1, 1), [100], "out of range"),
+     ((0,), [], "two-dimensional")],
+)
+def test_token_variant_checks_shape_and_vocabulary(
+    shape: tuple[int, ...], data: list[int], message: str
+) -> None:
+    wire = InferRequest.model_validate({"inputs": [
+        {"name": "input0", "shape": list(shape), "datatype": "UINT32", "data": data}]})
+    with pytest.raises(InvalidRequest, match=message):
+        infer_call(wire, decode_inputs(wire.inputs, None, "tiny"), target())
+
+
+def test_generate_fields_maps_keys_to_inputs_and_parameters() -> None:
+    client_id, inputs, params = generate_fields(
+        {"id": "7", "text_input": ["q"], "stream": True, "max_tokens": 5,
+         "parameters": {"temperature": 0, "stop": ["a"]}}, "tiny",
+    )
+    assert client_id == "7"
+    assert inputs["text_input"].data == (b"q",) and inputs["stream"].data == (True,)
+    assert params == {"temperature": 0, "stop": ["a"], "max_tokens": 5}
+    assert generate_fields({"id": "", "text_input": "q"}, "tiny")[0] is None
+    with pytest.raises(InvalidRequest, match="Unable to parse 'id'"):
+        generate_fields({"id": 5, "text_input": "q"}, "tiny")
+
+
+def test_output_plan_per_output_and_default_binary() -> None:
+    plan = output_plan(InferRequest.model_validate({"inputs": [], "outputs": [
+        {"name": "a", "parameters": {"binary_data": True}}, {"name": "b"}, {"name": "a"}]}))
+    assert plan == OutputPlan(("a", "b"), frozenset({"a"}), False)
+    default = output_plan(InferRequest.model_validate(
+        {"inputs": [], "parameters": {"binary_data_output": True}}))
+    assert default == OutputPlan(None, frozenset(), True)
+    with pytest.raises(InvalidRequest, match="binary_data"):
+        output_plan(InferRequest.model_validate({"inputs": [], "outputs": [
+            {"name": "a", "parameters": {"binary_data": "yes"}}]}))
+
+
+# ---- responses -------------------------------------------------------------------------------
+def test_text_outputs_with_every_extra() -> None:
+    lp = (TokenLogprob(token_id=5, token="x", logprob=-0.5,
+                       top=(TopLogprob(token_id=6, token="y", logprob=-0.1),
+                            TopLogprob(token_id=5, token="x", logprob=-0.5))),)
+    inputs = prompt_inputs("P", return_finish_reason=True, return_cumulative_logprob=True,
+                           return_logprobs=True, return_num_input_tokens=True,
+                           return_num_output_tokens=True)
+    call = text_call(inputs, {"logprobs": 1}, target(), route="infer")
+    produced = {t.name: t for t in text_outputs(result("ab", logprobs=lp), call)}
+    assert produced["text_output"].data == (b"Pab",)
+    assert produced["finish_reason"].data == (b"length",)
+    assert produced["cumulative_logprob"].data == (-0.5,)
+    assert json.loads(produced["logprobs"].data[0]) == [{
+        "5": {"logprob": -0.5, "rank": 2, "decoded_token": "x"},
+        "6": {"logprob": -0.1, "rank": 1, "decoded_token": "y"},
+    }]
+    assert produced["num_input_tokens"].data == (2,)
+    assert produced["num_output_tokens"] == Tensor("num_output_tokens", "UINT32", (1,), (2,))
+
+
+def test_logprobs_output_is_null_unless_logprobs_were_asked() -> None:
+    call = text_call(prompt_inputs(return_logprobs=True), {}, target(), route="infer")
+    assert text_outputs(result("a"), call)[1].data == (b"null",)
+
+
+def test_select_outputs_in_request_order() -> None:
+    produced = [tensor("text_output", "BYTES", "t"), tensor("finish_reason", "BYTES", "stop")]
+    chosen, binary = select_outputs(produced, OutputPlan(("finish_reason",), frozenset(), True))
+    assert [t.name for t in chosen] == ["finish_reason"] and binary == frozenset()
+    every, binary = select_outputs(produced, OutputPlan(None, frozenset(), True))
+    assert len(every) == 2 and binary == {"text_output", "finish_reason"}
+
+
+def test_generate_body_flattens_single_elements_and_keeps_lists_for_n() -> None:
+    call = text_call(prompt_inputs("P", exclude_input_in_output=True),
+                     {"n": 2, "return_finish_reason": True}, target(), route="generate")
+    body = generate_body(result("a", "b"), call, response_header(BASE, None))
+    assert body == {"model_name": "tiny", "model_version": "1", "text_output": ["a", "b"],
+                    "finish_reason": ["length", "length"]}
+    single = text_call(prompt_inputs("P"), {}, target(), route="generate")
+    body = generate_body(result("a"), single, response_header(BASE, "id9"))
+    assert body == {"id": "id9", "model_name": "tiny", "model_version": "1", "text_output": "Pa"}
+
+
+def test_stream_folder_pairs_the_last_delta_with_done() -> None:
+    call = text_call(prompt_inputs(return_finish_reason=True, return_num_output_tokens=True),
+                     {}, target(), route="generate_stream")
+    folder = StreamFolder(call, {"model_name": "tiny", "model_version": "1"})
+    assert folder.fold(Started(prompt_token_ids=(1,))) is None
+    first = folder.fold(Delta(choice=0, text="a", token_ids=(3,)))
+    last = folder.fold((Delta(choice=0, text="b", token_ids=(4,)),
+                        ChoiceEnd(choice=0, reason=FinishReason.STOP)))
+    assert first == {"model_name": "tiny", "model_version": "1", "text_output": "a",
+                     "num_output_tokens": 1, "done": False}
+    assert last == {"model_name": "tiny", "model_version": "1", "text_output": "b",
+                    "finish_reason": "stop", "num_output_tokens": 1, "done": True}
+    assert folder.fold(Done(usage=Usage(prompt_tokens=1, completion_tokens=2))) is None
+    assert folder.close() is None
+
+
+def test_stream_folder_closes_an_aborted_stream() -> None:
+    call = text_call(prompt_inputs(return_finish_reason=True), {}, target(),
+                     route="generate_stream")
+    folder = StreamFolder(call, {})
+    folder.fold(Delta(choice=0, text="a", token_ids=(3,)))
+    assert folder.fold(Delta(choice=0, text="", token_ids=())) is None
+    assert folder.close() == {"text_output": "", "finish_reason": "abort", "done": True}
+
+
+# ---- errors and stats ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("exc", "status"),
+    [
+        (InvalidRequest("x"), 400), (Unsupported("x"), 400), (PayloadTooLarge("x"), 400),
+        (ModelNotFound("x"), 404), (AdapterNotFound("x"), 404), (RequestNotFound("x"), 404),
+        (Overloaded(), 503), (ServiceUnavailable("x"), 503), (DeadlineExceeded("x"), 504),
+        (EngineError("x"), 500),
+    ],
+)
+def test_error_table(exc: Exception, status: int) -> None:
+    response = errors.render(exc)  # type: ignore[arg-type]
+    assert response.status_code == status
+    assert json.loads(response.body)["error"] == exc.args[0]
+
+
+def test_overload_says_when_to_retry_and_stop_infer_404_is_mindie_shaped() -> None:
+    assert errors.render(Overloaded(retry_after_s=3)).headers["retry-after"] == "3"
+    body = json.loads(errors.render(RequestNotFound("RequestId is q not found.")).body)
+    assert body == {"error": "RequestId is q not found.", "error_type": "NotFoundError"}
+    assert errors.stream_error(EngineError("boom")) == b'data: {"error":"boom"}\n\n'
+
+
+def test_stats_book_phases_and_failures() -> None:
+    ticks = iter(range(0, 1000, 10))
+    stats = InferenceStats(clock=lambda: next(ticks), wall=lambda: 12.5)
+    timer = stats.timer("m")
+    for _ in range(3):
+        timer.mark()
+    timer.success()
+    timer.success()  # booked once
+    stats.timer("m").failure()
+    entry = stats.to_json(["m", "other"], "1")["model_stats"][0]
+    assert entry["inference_count"] == entry["execution_count"] == 1
+    assert entry["last_inference"] == 12500
+    inference = entry["inference_stats"]
+    assert inference["success"] == {"count": 1, "ns": 40}
+    assert inference["compute_input"] == inference["queue"] == {"count": 1, "ns": 10}
+    assert inference["fail"] == {"count": 1, "ns": 10}
+    other = stats.to_json(["other"], "1")["model_stats"][0]
+    assert other["inference_count"] == 0 and other["inference_stats"]["success"]["count"] == 0
