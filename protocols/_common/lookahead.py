@@ -1,4 +1,5 @@
-"""Pair a choice's last `Delta` with its `ChoiceEnd`, without holding any token back.
+"""Stream helpers for per-token protocols: pair a choice's last `Delta` with its `ChoiceEnd`
+without holding any token back, and split a merged delta's text over its tokens.
 
 Protocols whose last stream event must carry the end of generation on the last token (TGI's
 `generated_text`, MindIE's `/infer` final event) need to know, when a `Delta` arrives, whether the
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from server.core.types import ChoiceEnd, Delta, GenerationEvent
@@ -64,3 +65,23 @@ def _ready_end(task: asyncio.Task[GenerationEvent], choice: int) -> ChoiceEnd | 
         return None
     result = task.result()
     return result if isinstance(result, ChoiceEnd) and result.choice == choice else None
+
+
+def token_pieces(delta: Delta, token_texts: Callable[[list[int]], list[str]]) -> list[str]:
+    """The text of each token of `delta`, joining exactly to `delta.text`.
+
+    vLLM merges several tokens into one delta when the consumer falls behind. Their own texts
+    (from the logprobs, else decoded one by one) are used when they join to the delta's text;
+    otherwise (a multi-byte character split across tokens, a held-back stop string) the whole
+    text goes to the last token and the others get "".
+    """
+    ids = delta.token_ids
+    if len(ids) <= 1:
+        return [delta.text] * len(ids)
+    if len(delta.logprobs) == len(ids):
+        pieces = [entry.token for entry in delta.logprobs]
+    else:
+        pieces = token_texts(list(ids))
+    if "".join(pieces) == delta.text:
+        return pieces
+    return [""] * (len(ids) - 1) + [delta.text]

@@ -62,7 +62,8 @@ def infer(ctx: ProtocolContext) -> Endpoint:
         plan = translate.infer_request(body, prompt, request_id=request_id)
         if plan.request.stream:
             events = await ctx.service.start(plan.request)
-            return _streaming(_infer_events(events, plan, started_at))
+            texts = ctx.service.engine.token_texts
+            return _streaming(_infer_events(events, plan, started_at, texts))
         result = await ctx.service.generate(plan.request)
         return json_response(translate.to_infer_response(result, plan))
 
@@ -70,9 +71,12 @@ def infer(ctx: ProtocolContext) -> Endpoint:
 
 
 def _infer_events(
-    events: EventStream, plan: translate.InferPlan, started_at: float
+    events: EventStream, plan: translate.InferPlan, started_at: float,
+    token_texts: Callable[[list[int]], list[str]],
 ) -> AsyncIterator[bytes]:
-    encoder = translate.InferStreamEncoder(plan, started_at=started_at)
+    encoder = translate.InferStreamEncoder(
+        plan, started_at=started_at, token_texts=token_texts
+    )
 
     def encode(item: object) -> list[dict[str, Any]]:
         now = time.perf_counter()

@@ -10,11 +10,12 @@ refused. `seed` is reported only when the client gave one (MindIE draws and repo
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from protocols._common.context import RequestBounds
+from protocols._common.lookahead import token_pieces
 from protocols.mindie.schema import InferParameters, InferRequest, VllmGenerateRequest
 from server.core.errors import InvalidRequest, Unsupported
 from server.core.types import (
@@ -213,8 +214,12 @@ class InferStreamEncoder:
     """`/infer` stream events: one per token with `prefill_time` (first) or `decode_time` (ms);
     the last token's event instead carries `generated_text`, `details` and a null token text."""
 
-    def __init__(self, plan: InferPlan, *, started_at: float) -> None:
+    def __init__(
+        self, plan: InferPlan, *, started_at: float,
+        token_texts: Callable[[list[int]], list[str]],
+    ) -> None:
         self._plan = plan
+        self._token_texts = token_texts
         self._last_at = started_at
         self._count = 0
         self._parts: list[str] = []
@@ -225,16 +230,14 @@ class InferStreamEncoder:
         self._parts.append(delta.text)
         elapsed = (now - self._last_at) * 1000.0 / max(len(ids), 1)
         self._last_at = now
+        pieces = token_pieces(delta, self._token_texts)
         out = []
         for i, token_id in enumerate(ids):
-            is_last = i == len(ids) - 1
-            if end is not None and is_last:
-                self._last_id = token_id
-                out.append(self._final(end, elapsed))
-                continue
-            out.append(self._timed(elapsed) | {"token": {"id": token_id,
-                                                         "text": delta.text if is_last else ""}})
             self._last_id = token_id
+            if end is not None and i == len(ids) - 1:
+                out.append(self._final(end, elapsed))
+            else:
+                out.append(self._timed(elapsed) | {"token": {"id": token_id, "text": pieces[i]}})
         if not ids and end is not None:
             out.append(self._final(end, elapsed))
         return out

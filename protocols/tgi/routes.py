@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -125,17 +125,25 @@ async def _stream(ctx: ProtocolContext, prepared: _Prepared) -> Response:
         "x-compute-characters": str(len(prepared.body.inputs)),
     }
     # StreamResponse is a plain ASGI response, which Starlette's endpoints may return.
-    return cast(Response, StreamResponse(_sse(events, prepared.rendering), headers=headers))
+    return cast(Response, StreamResponse(
+        _sse(events, prepared.rendering, ctx.service.engine.token_texts), headers=headers
+    ))
 
 
-async def _sse(events: EventStream, rendering: translate.Rendering) -> AsyncIterator[bytes]:
+async def _sse(
+    events: EventStream,
+    rendering: translate.Rendering,
+    token_texts: Callable[[list[int]], list[str]],
+) -> AsyncIterator[bytes]:
     encoder: translate.StreamEncoder | None = None
     paired = with_ends(events)
     try:
         async for item in paired:
             if isinstance(item, Started):
                 input_length = len(item.prompt_token_ids)
-                encoder = translate.StreamEncoder(rendering, input_length=input_length)
+                encoder = translate.StreamEncoder(
+                    rendering, input_length=input_length, token_texts=token_texts
+                )
                 continue
             if encoder is None:
                 continue

@@ -12,11 +12,12 @@ sampling, and refusing it would break clients that always send it.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from protocols._common.context import RequestBounds
+from protocols._common.lookahead import token_pieces
 from protocols.tgi.schema import GenerateRequest, Parameters
 from server.core.errors import InvalidRequest, Unsupported
 from server.core.types import (
@@ -358,12 +359,15 @@ class StreamEncoder:
     """Turns one choice's deltas into `/generate_stream` events (dicts; the caller frames them).
 
     One event per token; the event of the last token also carries `generated_text` and, with
-    `details`, the stream details. The text of a delta goes to its last token, so the token texts
-    always join to `generated_text` (vLLM may merge several tokens into one delta under load).
+    `details`, the stream details. Token texts always join to `generated_text` (see
+    `token_pieces` for deltas that hold several tokens).
     """
 
-    def __init__(self, r: Rendering, *, input_length: int) -> None:
+    def __init__(
+        self, r: Rendering, *, input_length: int, token_texts: Callable[[list[int]], list[str]]
+    ) -> None:
         self._r = r
+        self._token_texts = token_texts
         self._input_length = input_length
         self._index = 0
         self._generated = 0
@@ -376,10 +380,11 @@ class StreamEncoder:
             return [self.final(end)] if end is not None else []
         last = len(ids) - 1
         logprobs = delta.logprobs
+        pieces = token_pieces(delta, self._token_texts)
         return [
             self._event(
                 token_id,
-                delta.text if i == last else "",
+                pieces[i],
                 logprobs[i] if i < len(logprobs) else None,
                 end if i == last else None,
             )

@@ -167,8 +167,14 @@ def test_infer_response_details_list_the_generated_ids() -> None:
     }
 
 
+def texts(token_ids: list[int]) -> list[str]:
+    return [f"<{i}>" for i in token_ids]
+
+
 def test_infer_stream_first_event_has_prefill_time_then_decode_times() -> None:
-    encoder = translate.InferStreamEncoder(infer_plan(True, details=True), started_at=0.0)
+    encoder = translate.InferStreamEncoder(
+        infer_plan(True, details=True), started_at=0.0, token_texts=texts
+    )
     first = encoder.events(Delta(choice=0, text=" a", token_ids=(10,)), None, 0.050)
     second = encoder.events(Delta(choice=0, text=" b", token_ids=(11,)), None, 0.060)
     last = encoder.events(
@@ -185,7 +191,7 @@ def test_infer_stream_first_event_has_prefill_time_then_decode_times() -> None:
 
 
 def test_infer_stream_details_are_null_without_details() -> None:
-    encoder = translate.InferStreamEncoder(infer_plan(True), started_at=0.0)
+    encoder = translate.InferStreamEncoder(infer_plan(True), started_at=0.0, token_texts=texts)
     last = encoder.events(
         Delta(choice=0, text="x", token_ids=(5,)),
         ChoiceEnd(choice=0, reason=FinishReason.LENGTH),
@@ -195,7 +201,9 @@ def test_infer_stream_details_are_null_without_details() -> None:
 
 
 def test_infer_stream_end_without_a_token_repeats_the_last_id() -> None:
-    encoder = translate.InferStreamEncoder(infer_plan(True, details=True), started_at=0.0)
+    encoder = translate.InferStreamEncoder(
+        infer_plan(True, details=True), started_at=0.0, token_texts=texts
+    )
     encoder.events(Delta(choice=0, text="x", token_ids=(5,)), None, 0.01)
     final = encoder.final(ChoiceEnd(choice=0, reason=FinishReason.ABORT), 0.02)
     assert final["token"] == {"id": 5, "text": None}

@@ -309,9 +309,14 @@ def test_finish_reasons(reason: FinishReason, matched: str | int | None, expecte
 # ---- stream events ------------------------------------------------------------------------------
 
 
+def texts(token_ids: list[int]) -> list[str]:
+    """A tokenizer for the stream tests: token id i reads "<i>"."""
+    return [f"<{i}>" for i in token_ids]
+
+
 def test_stream_events_end_with_the_generated_text_and_details() -> None:
     encoder = translate.StreamEncoder(
-        rendering(plan_of(True, details=True, seed=4)), input_length=2
+        rendering(plan_of(True, details=True, seed=4)), input_length=2, token_texts=texts
     )
     first = encoder.events(Delta(choice=0, text=" a", token_ids=(10,)), None)
     last = encoder.events(
@@ -336,7 +341,7 @@ def test_stream_events_end_with_the_generated_text_and_details() -> None:
 
 
 def test_stream_details_are_null_without_details() -> None:
-    encoder = translate.StreamEncoder(rendering(plan_of(True)), input_length=2)
+    encoder = translate.StreamEncoder(rendering(plan_of(True)), input_length=2, token_texts=texts)
     last = encoder.events(
         Delta(choice=0, text="x", token_ids=(5,)), ChoiceEnd(choice=0, reason=FinishReason.STOP)
     )
@@ -344,15 +349,35 @@ def test_stream_details_are_null_without_details() -> None:
 
 
 def test_a_merged_delta_gives_one_event_per_token_and_keeps_the_text_whole() -> None:
-    encoder = translate.StreamEncoder(rendering(plan_of(True)), input_length=2)
+    encoder = translate.StreamEncoder(rendering(plan_of(True)), input_length=2, token_texts=texts)
     events = encoder.events(Delta(choice=0, text="héllo", token_ids=(5, 6, 7)), None)
     assert [e["token"]["id"] for e in events] == [5, 6, 7]
-    assert "".join(e["token"]["text"] for e in events) == "héllo"
+    assert [e["token"]["text"] for e in events] == ["", "", "héllo"]
     assert [e["index"] for e in events] == [1, 2, 3]
 
 
+def test_a_merged_delta_gives_each_token_its_own_text_when_they_join_up() -> None:
+    encoder = translate.StreamEncoder(rendering(plan_of(True)), input_length=2, token_texts=texts)
+    events = encoder.events(Delta(choice=0, text="<5><6>", token_ids=(5, 6)), None)
+    assert [e["token"]["text"] for e in events] == ["<5>", "<6>"]
+
+
+def test_a_merged_delta_prefers_the_logprob_texts() -> None:
+    encoder = translate.StreamEncoder(rendering(plan_of(True)), input_length=2, token_texts=texts)
+    delta = Delta(
+        choice=0, text=" a b", token_ids=(10, 11), logprobs=(lp(10, " a", -1.0), lp(11, " b", -2.0))
+    )
+    events = encoder.events(delta, None)
+    assert [(e["token"]["text"], e["token"]["logprob"]) for e in events] == [
+        (" a", -1.0),
+        (" b", -2.0),
+    ]
+
+
 def test_an_end_without_a_token_closes_the_stream_with_a_special_token() -> None:
-    encoder = translate.StreamEncoder(rendering(plan_of(True, details=True)), input_length=2)
+    encoder = translate.StreamEncoder(
+        rendering(plan_of(True, details=True)), input_length=2, token_texts=texts
+    )
     encoder.events(Delta(choice=0, text="x", token_ids=(5,)), None)
     final = encoder.final(ChoiceEnd(choice=0, reason=FinishReason.STOP, matched_stop="y"))
     assert final["token"]["special"] is True and final["generated_text"] == "x"
@@ -361,7 +386,9 @@ def test_an_end_without_a_token_closes_the_stream_with_a_special_token() -> None
 
 
 def test_top_n_tokens_appear_in_stream_events() -> None:
-    encoder = translate.StreamEncoder(rendering(plan_of(True, top_n_tokens=1)), input_length=2)
+    encoder = translate.StreamEncoder(
+        rendering(plan_of(True, top_n_tokens=1)), input_length=2, token_texts=texts
+    )
     events = encoder.events(
         Delta(
             choice=0, text=" a", token_ids=(10,), logprobs=(lp(10, " a", -0.5, (10, " a", -0.5)),)
