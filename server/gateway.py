@@ -29,7 +29,7 @@ from protocols.kserve_v2 import routes as kserve_v2
 from protocols.mindie import routes as mindie
 from protocols.openai_v1 import routes as openai_v1
 from protocols.tgi import routes as tgi
-from server import __version__, control
+from server import __version__, control, workflows
 from server.core.adapter_files import AdapterRules, BaseModelShape
 from server.core.adapters import AdapterLimits, AdapterRegistry
 from server.core.engine import Engine
@@ -142,8 +142,7 @@ def build_gateway(
 def adapter_rules(settings: Settings, base_names: list[str]) -> AdapterRules:
     lora = settings.LoraConfig
     roots = [resolve_path(settings, r) for r in lora.adapterRoots]
-    if lora.adapterDir:
-        roots.append(resolve_path(settings, lora.adapterDir))
+    roots += [str(folder) for folder in adapter_folders(settings)]
     model_path = resolve_path(settings, settings.ModelConfig.modelWeightPath)
     return AdapterRules(
         roots=tuple(roots),
@@ -185,14 +184,31 @@ async def register_startup_adapters(gateway: Gateway) -> None:
             await gateway.adapters.register(name, src, preload=preload, pin=pin)
         except Exception as exc:  # one bad adapter must not stop the server
             logger.error("adapter %s from %s not registered: %s", name, src, exc)
+    settings = gateway.settings
+    base = workflows.ServedBase(
+        names=gateway.service.base_names,
+        path=resolve_path(settings, settings.ModelConfig.modelWeightPath),
+    )
+    specs = workflows.load_workflows([resolve_path(settings, w) for w in lora.workflows], base)
+    await workflows.register_workflows(gateway.adapters, specs)
+
+
+def adapter_folders(settings: Settings) -> list[Path]:
+    """Folders whose sub-directories are adapters registered at start: `adapterDir` and, as in
+    DJL, the `adapters/` folder inside the model directory."""
+    lora = settings.LoraConfig
+    folders = [Path(resolve_path(settings, lora.adapterDir))] if lora.adapterDir else []
+    beside = Path(resolve_path(settings, settings.ModelConfig.modelWeightPath)) / "adapters"
+    if beside.is_dir() and all(beside.resolve() != f.resolve() for f in folders):
+        folders.append(beside)
+    return folders
 
 
 def startup_adapter_entries(settings: Settings) -> list[tuple[str, str, bool, bool]]:
     """(name, src, preload, pin) for every sub-directory of adapterDir, then the config list."""
     lora = settings.LoraConfig
     entries: list[tuple[str, str, bool, bool]] = []
-    if lora.adapterDir:
-        folder = Path(resolve_path(settings, lora.adapterDir))
+    for folder in adapter_folders(settings):
         if folder.is_dir():
             entries += [
                 (d.name, str(d), True, False) for d in sorted(folder.iterdir()) if d.is_dir()

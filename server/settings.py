@@ -93,6 +93,7 @@ class LoraSection(_Section):
     adapterDir: str | None = "build/demo/adapters"  # every sub-directory is registered at start
     adapterRoots: list[str] = Field(default_factory=list)  # where `src` may point; + adapterDir
     adapters: list[AdapterEntry] = Field(default_factory=list)
+    workflows: list[str] = Field(default_factory=list)  # DJL workflow.json files or folders
     allowRuntimeUpdates: bool = True
 
     @model_validator(mode="after")

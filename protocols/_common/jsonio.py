@@ -15,3 +15,8 @@ def dumps(value: Any) -> bytes:
 
 def loads(data: bytes | str) -> Any:
     return orjson.loads(data)
+
+
+def pretty(value: Any) -> bytes:
+    """Two-space indented JSON (DJL's Gson pretty printing), without a trailing newline."""
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_INDENT_2)

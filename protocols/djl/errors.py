@@ -1,0 +1,103 @@
+"""DJL error tables: domain errors → status and body, one table per kind of route.
+
+- Management routes (`/models/{m}/adapters…`, `/adapters…`): DJL's Java `ErrorResponse`
+  `{"code", "type", "message"}` (Gson pretty print + newline); 400 BadRequestException, 404,
+  405, 409 IllegalArgumentException (adapter exists), 503, 507 (no free lora slots).
+- Inference routes (`/invocations`, `/predictions/{m}`): LMI's handler errors `{"error", "code"}`
+  with 424 for invalid input and unregistered adapters ("Adapter X is not registered"), 424
+  `{"code", "message": "invoke handler failure", "error"}` for generation failures, and the Java
+  shape for what the Java front answers itself: 404 unknown model/workflow, 413, 503, 507.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import Response
+
+from protocols._common import jsonio
+from protocols.djl.translate import djl_json, error_body
+from server.core.errors import (
+    AdapterCapacity,
+    AdapterExists,
+    AdapterNotFound,
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+    PayloadTooLarge,
+    RequestNotFound,
+    ServiceUnavailable,
+    Unauthorized,
+)
+
+JSON = "application/json"
+
+
+class MethodNotAllowed(GatewayError):
+    error_type = "method_not_allowed"
+
+    def __init__(self) -> None:
+        super().__init__("Requested method is not allowed, please refer to API document.")
+
+
+# (class, status, Java exception type); the first matching class wins, subclasses first.
+_MANAGEMENT: tuple[tuple[type[GatewayError], int, str], ...] = (
+    (PayloadTooLarge, 413, "BadRequestException"),
+    (InvalidRequest, 400, "BadRequestException"),
+    (ModelNotFound, 404, "BadRequestException"),
+    (RequestNotFound, 404, "BadRequestException"),
+    (MethodNotAllowed, 405, "MethodNotAllowedException"),
+    (AdapterExists, 409, "IllegalArgumentException"),
+    (AdapterCapacity, 507, "BadRequestException"),
+    (Overloaded, 503, "WlmCapacityException"),
+    (ServiceUnavailable, 503, "ServiceUnavailableException"),
+    (Unauthorized, 401, "BadRequestException"),
+)
+
+
+def _headers(exc: GatewayError) -> dict[str, str] | None:
+    if isinstance(exc, Overloaded | ServiceUnavailable):
+        return {"retry-after": str(exc.retry_after_s)}
+    return None
+
+
+def management_status(exc: GatewayError) -> tuple[int, str]:
+    for cls, status, java_type in _MANAGEMENT:
+        if isinstance(exc, cls):
+            return status, java_type
+    return 500, "InternalServerException"
+
+
+def render_management(exc: GatewayError) -> Response:
+    status, java_type = management_status(exc)
+    body = djl_json(error_body(status, java_type, exc.message))
+    return Response(body, status, _headers(exc), media_type=JSON)
+
+
+# (class, status, Java type); None as the type means LMI's handler shape {"error", "code"}.
+_INFERENCE: tuple[tuple[type[GatewayError], int, str | None], ...] = (
+    (AdapterNotFound, 424, None),
+    (ModelNotFound, 404, "ModelNotFoundException"),
+    (PayloadTooLarge, 413, "TooLongFrameException"),
+    (InvalidRequest, 424, None),
+    (Overloaded, 503, "ServiceUnavailableException"),
+    (ServiceUnavailable, 503, "ServiceUnavailableException"),
+    (AdapterCapacity, 507, "BadRequestException"),
+    (Unauthorized, 401, "BadRequestException"),
+)
+
+
+def inference_error(exc: GatewayError) -> tuple[int, dict[str, Any]]:
+    """Status and body of an inference error (before any output was sent)."""
+    for cls, status, java_type in _INFERENCE:
+        if isinstance(exc, cls):
+            if java_type is None:
+                return status, {"error": exc.message, "code": status}
+            return status, error_body(status, java_type, exc.message)
+    return 424, {"code": 424, "message": "invoke handler failure", "error": exc.message}
+
+
+def render(exc: GatewayError) -> Response:
+    status, body = inference_error(exc)
+    return Response(jsonio.dumps(body), status, _headers(exc), media_type=JSON)

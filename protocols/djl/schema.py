@@ -1,0 +1,70 @@
+"""DJL wire models (pydantic, at the edge only).
+
+- `LmiRequest`: the LMI inference schema of `/invocations` and `/predictions/{m}`
+  (`{"inputs", "parameters", "stream", "adapters"}`, djl_python `input_parser`). LMI ignores
+  generation parameters it does not know (with a warning); so do we. Known ones are type-checked.
+- `AdapterForm`: the adapter registration fields, from query parameters (DJL) or a JSON body
+  (vLLM's SageMaker `POST /adapters`). Query values are strings; booleans parse like Java's
+  `Boolean.parseBoolean` (only "true", any case, is true).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+Count = Annotated[int, Field(strict=True, ge=1)]
+Unsigned = Annotated[int, Field(strict=True, ge=0)]
+Signed = Annotated[int, Field(strict=True)]
+Positive = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
+Penalty = Annotated[float, Field(strict=True, ge=-2, le=2)]
+
+
+class LmiParameters(BaseModel):
+    """LMI (vLLM rolling batch) generation parameters; vLLM's own names are accepted too."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    max_new_tokens: Count | None = None
+    min_new_tokens: Unsigned | None = None
+    do_sample: StrictBool | None = None
+    temperature: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)] | None = None
+    top_p: Annotated[float, Field(strict=True, gt=0, le=1)] | None = None
+    top_k: Signed | None = None
+    min_p: Annotated[float, Field(strict=True, ge=0, le=1)] | None = None
+    repetition_penalty: Positive | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    seed: Signed | None = None
+    stop_sequences: list[StrictStr] | StrictStr | None = None
+    stop: list[StrictStr] | StrictStr | None = None
+    stop_token_ids: list[Unsigned] | None = None
+    ignore_eos_token: StrictBool | None = None
+    ignore_eos: StrictBool | None = None
+    skip_special_tokens: StrictBool | None = None
+    details: StrictBool | None = None
+    decoder_input_details: StrictBool | None = None
+    return_full_text: StrictBool | None = None
+    n: Count | None = None
+    best_of: Count | None = None
+
+
+class LmiRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    inputs: StrictStr | list[StrictStr]
+    parameters: LmiParameters | None = None
+    stream: StrictBool | None = None
+    adapters: StrictStr | list[StrictStr] | None = None
+
+
+class AdapterForm(BaseModel):
+    """Register/update fields. Everything not named here is an adapter option (DJL)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: StrictStr | None = None
+    src: StrictStr | None = None
+    preload: StrictBool | StrictStr | None = None
+    pin: StrictBool | StrictStr | None = None

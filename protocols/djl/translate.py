@@ -1,0 +1,458 @@
+"""DJL translation, pure: LMI bodies → `GenerationRequest`s, results/events → LMI JSON, adapter
+management forms → registrations, registry records → DJL JSON, DJL pagination.
+
+Adapter selection for inference (documented precedence, as djl_python reads them, later wins):
+body `adapters` < query `?adapter=` < `X-Amzn-SageMaker-Custom-Attributes: adapter=<name>` <
+`X-Amzn-SageMaker-Adapter-Identifier`. A single name (from any source, or a string `adapters`)
+applies to every input; a list must have one entry per input; `""` is the base model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocols._common import jsonio
+from protocols._common.context import RequestBounds
+from protocols._common.http import parse_model
+from protocols.djl.schema import AdapterForm, LmiParameters, LmiRequest
+from server.core.adapters import AdapterRecord
+from server.core.errors import InvalidRequest
+from server.core.types import (
+    Choice,
+    ChoiceEnd,
+    Delta,
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    OutputOptions,
+    Sampling,
+    Started,
+    TextPrompt,
+    TokenLogprob,
+)
+
+LMI_DEFAULT_MAX_NEW_TOKENS = 30
+DJL_LIST_LIMIT = 100
+FORM_FIELDS = frozenset({"name", "src", "preload", "pin"})
+
+
+# ---- DJL JSON ----------------------------------------------------------------------------------
+
+def djl_json(content: Any) -> bytes:
+    """Gson's pretty printing as DJL sends it: two-space indent, trailing newline."""
+    return jsonio.pretty(content) + b"\n"
+
+
+def error_body(status: int, error_type: str, message: str) -> dict[str, Any]:
+    return {"code": status, "type": error_type, "message": message}
+
+
+# ---- adapter management ------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Registration:
+    name: str
+    src: str
+    preload: bool
+    pin: bool
+    options: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Update:
+    src: str | None
+    preload: bool | None
+    pin: bool | None
+    options: dict[str, str]
+
+
+def java_bool(value: bool | str | None, default: bool) -> bool:
+    """`Boolean.parseBoolean`: only "true" (any case) is true; absent keeps the default."""
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    return value.strip().lower() == "true"
+
+
+def to_form(query: Mapping[str, str], body: Mapping[str, Any] | None) -> AdapterForm:
+    """Query parameters (DJL) over a JSON body (vLLM's SageMaker route): a key in both takes
+    the query's value. Non-string extra values of the body become JSON text options."""
+    merged: dict[str, Any] = dict(body or {})
+    merged.update(query)
+    for key, value in list(merged.items()):
+        if key not in FORM_FIELDS and not isinstance(value, str):
+            merged[key] = jsonio.dumps(value).decode()
+    return parse_model(AdapterForm, merged)
+
+
+def _options(form: AdapterForm) -> dict[str, str]:
+    return {k: str(v) for k, v in (form.model_extra or {}).items()}
+
+
+def _required(value: str | None, name: str) -> str:
+    if value is None or not value.strip():
+        raise InvalidRequest(f"The parameter {name} is required", param=name)
+    return value
+
+
+def to_registration(form: AdapterForm) -> Registration:
+    return Registration(
+        name=_required(form.name, "name"),
+        src=_required(form.src, "src"),
+        preload=java_bool(form.preload, True),
+        pin=java_bool(form.pin, False),
+        options=_options(form),
+    )
+
+
+def to_update(form: AdapterForm) -> Update:
+    return Update(
+        src=form.src if form.src else None,
+        preload=None if form.preload is None else java_bool(form.preload, True),
+        pin=None if form.pin is None else java_bool(form.pin, False),
+        options=_options(form),
+    )
+
+
+def status(message: str) -> dict[str, Any]:
+    return {"status": message}
+
+
+def adapter_item(record: AdapterRecord) -> dict[str, Any]:
+    """One adapter as DJL lists it; `residency` is ours (registered | cpu_cache | engine_slot)."""
+    return {
+        "name": record.name, "src": record.src, "preload": record.preload, "pin": record.pin,
+        "residency": record.residency.value,
+    }
+
+
+def describe(record: AdapterRecord, *, engine_loaded: bool) -> dict[str, Any]:
+    """DJL's describe object plus our own fields (DJL clients ignore unknown fields)."""
+    return {
+        **adapter_item(record),
+        "loraId": record.handle.int_id,
+        "engineLoaded": engine_loaded,
+        "rank": record.rank,
+        "inflight": record.inflight,
+        "requests": record.requests,
+        "generatedTokens": record.generated_tokens,
+        "loads": record.loads,
+        "evictions": record.evictions,
+        **({"options": record.options} if record.options else {}),
+    }
+
+
+def _int_param(query: Mapping[str, str], name: str, default: int) -> int:
+    raw = query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        message = f"Invalid value for parameter {name}: {raw[:32]}"
+        raise InvalidRequest(message, param=name) from None
+
+
+def page(query: Mapping[str, str], total: int) -> tuple[int, int, str | None]:
+    """DJL's `ListPagination`: (start, end, nextPageToken). A limit above 100 or below 0 is 100,
+    a negative token is 0; the token is present only while items remain."""
+    limit = _int_param(query, "limit", DJL_LIST_LIMIT)
+    start = _int_param(query, "next_page_token", 0)
+    if limit > DJL_LIST_LIMIT or limit < 0:
+        limit = DJL_LIST_LIMIT
+    start = max(start, 0)
+    end = min(start + limit, total)
+    return start, end, str(end) if end < total else None
+
+
+def to_list(records: Sequence[AdapterRecord], query: Mapping[str, str]) -> dict[str, Any]:
+    start, end, token = page(query, len(records))
+    body: dict[str, Any] = {}
+    if token is not None:
+        body["nextPageToken"] = token
+    body["adapters"] = [adapter_item(r) for r in records[start:end]]
+    return body
+
+
+# ---- inference: request ----------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Selectors:
+    """Where a DJL request may name its adapter(s), lowest precedence first."""
+
+    query: str | None = None
+    custom_attributes: str | None = None
+    header: str | None = None
+
+
+def custom_attribute_adapter(header: str | None) -> str | None:
+    """`adapter=<name>` inside `X-Amzn-SageMaker-Custom-Attributes` (`k=v;k2=v2` or `,`)."""
+    if not header:
+        return None
+    for part in header.replace(",", ";").split(";"):
+        key, sep, value = part.partition("=")
+        if sep and key.strip().lower() == "adapter":
+            return value.strip()
+    return None
+
+
+def select_adapters(body: LmiRequest, selectors: Selectors, count: int) -> list[str]:
+    """One adapter name per input ("" = base)."""
+    chosen: str | list[str] | None = body.adapters
+    for override in (selectors.query, selectors.custom_attributes, selectors.header):
+        if override is not None:
+            chosen = override
+    if chosen is None:
+        return [""] * count
+    if isinstance(chosen, str):
+        return [chosen] * count
+    if len(chosen) != count:
+        raise InvalidRequest(
+            "Number of adapters is not equal to the number of inputs", param="adapters"
+        )
+    return list(chosen)
+
+
+def input_texts(body: LmiRequest, bounds: RequestBounds) -> list[str]:
+    texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
+    if not texts:
+        raise InvalidRequest("inputs must not be empty", param="inputs")
+    if len(texts) > bounds.max_prompts:
+        raise InvalidRequest(
+            f"Too many inputs: {len(texts)} > {bounds.max_prompts}", param="inputs"
+        )
+    return texts
+
+
+def _stops(p: LmiParameters, bounds: RequestBounds) -> tuple[str, ...]:
+    raw = p.stop_sequences if p.stop_sequences is not None else p.stop
+    stops = (raw,) if isinstance(raw, str) else tuple(raw or ())
+    if len(stops) > bounds.max_stop_sequences:
+        raise InvalidRequest(
+            f"Too many stop sequences: {len(stops)} > {bounds.max_stop_sequences}",
+            param="parameters.stop_sequences",
+        )
+    if any(not s or len(s) > bounds.max_stop_length for s in stops):
+        raise InvalidRequest(
+            f"Each stop sequence must have 1 to {bounds.max_stop_length} characters",
+            param="parameters.stop_sequences",
+        )
+    return stops
+
+
+def _counts(p: LmiParameters, bounds: RequestBounds) -> tuple[int, int | None, int]:
+    n = p.n or 1
+    if n > bounds.max_n:
+        raise InvalidRequest(f"n must be at most {bounds.max_n}", param="parameters.n")
+    if p.best_of is not None and not n <= p.best_of <= bounds.max_best_of:
+        raise InvalidRequest(
+            f"best_of must be between n ({n}) and {bounds.max_best_of}", param="parameters.best_of"
+        )
+    max_new = p.max_new_tokens or LMI_DEFAULT_MAX_NEW_TOKENS
+    if bounds.max_new_tokens is not None and max_new > bounds.max_new_tokens:
+        raise InvalidRequest(
+            f"max_new_tokens must be at most {bounds.max_new_tokens}",
+            param="parameters.max_new_tokens",
+        )
+    if p.top_k is not None and p.top_k < -1:
+        raise InvalidRequest("top_k must be -1 (disabled) or at least 1", param="parameters.top_k")
+    return n, p.best_of, max_new
+
+
+def to_sampling(p: LmiParameters, bounds: RequestBounds) -> Sampling:
+    """LMI's vLLM mapping: greedy unless `do_sample` is true or a temperature is given without
+    `do_sample`; `max_new_tokens` defaults to 30."""
+    n, best_of, max_new = _counts(p, bounds)
+    greedy = p.do_sample is False or (p.do_sample is None and p.temperature is None)
+    return Sampling(
+        max_new_tokens=max_new,
+        min_new_tokens=p.min_new_tokens or 0,
+        temperature=0.0 if greedy else (1.0 if p.temperature is None else p.temperature),
+        top_p=1.0 if p.top_p is None else p.top_p,
+        top_k=p.top_k or 0,
+        min_p=p.min_p or 0.0,
+        seed=p.seed,
+        repetition_penalty=1.0 if p.repetition_penalty is None else p.repetition_penalty,
+        presence_penalty=p.presence_penalty or 0.0,
+        frequency_penalty=p.frequency_penalty or 0.0,
+        n=n,
+        best_of=best_of,
+        stop=_stops(p, bounds),
+        stop_token_ids=tuple(p.stop_token_ids or ()),
+        ignore_eos=bool(p.ignore_eos_token or p.ignore_eos),
+        skip_special_tokens=p.skip_special_tokens is not False,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """A parsed LMI request: one generation per input, and how to render the answer."""
+
+    requests: tuple[GenerationRequest, ...]
+    inputs: tuple[str, ...]
+    single: bool  # `inputs` was a string: answer with an object, not a list
+    stream: bool
+    details: bool
+    prefill: bool
+    full_text: bool
+
+
+def to_plan(
+    body: LmiRequest, *, request_id: str, models: Sequence[str], bounds: RequestBounds
+) -> Plan:
+    """`models[i]` is what input i runs on: "" (base), an adapter or a workflow name."""
+    p = body.parameters or LmiParameters()
+    texts = input_texts(body, bounds)
+    sampling = to_sampling(p, bounds)
+    stream = bool(body.stream)
+    if stream and (len(texts) > 1 or sampling.n > 1):
+        raise InvalidRequest("Streaming supports one input and n = 1 only", param="stream")
+    prefill = bool(p.decoder_input_details) and len(texts) == 1
+    output = OutputOptions(
+        logprobs=0 if stream or p.details else None, prompt_logprobs=0 if prefill else None
+    )
+    requests = tuple(
+        GenerationRequest(
+            request_id=request_id, model=model, prompt=TextPrompt(text), sampling=sampling,
+            output=output, stream=stream, protocol="djl",
+        )
+        for text, model in zip(texts, models, strict=True)
+    )
+    return Plan(
+        requests=requests, inputs=tuple(texts), single=isinstance(body.inputs, str),
+        stream=stream, details=bool(p.details), prefill=prefill,
+        full_text=bool(p.return_full_text),
+    )
+
+
+# ---- inference: response -----------------------------------------------------------------
+
+def finish_reason(reason: FinishReason, matched_stop: str | int | None) -> str:
+    """LMI's vLLM reasons: length, eos_token, stop_sequence, abort."""
+    if reason is FinishReason.LENGTH:
+        return "length"
+    if reason is FinishReason.ABORT:
+        return "abort"
+    return "stop_sequence" if isinstance(matched_stop, str) else "eos_token"
+
+
+def token(token_id: int, text: str, logprob: float | None) -> dict[str, Any]:
+    return {"id": token_id, "text": text, "log_prob": logprob}
+
+
+def _tokens(choice: Choice) -> list[dict[str, Any]]:
+    entries = choice.logprobs
+    return [
+        token(tid, entries[i].token if i < len(entries) else "",
+              entries[i].logprob if i < len(entries) else None)
+        for i, tid in enumerate(choice.token_ids)
+    ]
+
+
+def _prefill(started: Started, texts: Sequence[str]) -> list[dict[str, Any]]:
+    """Prompt tokens with their logprobs (the first has none)."""
+    entries = started.prompt_logprobs
+    out = []
+    for i, tid in enumerate(started.prompt_token_ids):
+        entry = entries[i] if i < len(entries) else None
+        text = texts[i] if i < len(texts) else (entry.token if entry else "")
+        out.append(token(tid, text, entry.logprob if entry else None))
+    return out
+
+
+def _sequence(choice: Choice, text_prefix: str) -> dict[str, Any]:
+    return {
+        "generated_text": text_prefix + choice.text,
+        "finish_reason": finish_reason(choice.finish_reason, choice.matched_stop),
+        "generated_tokens": len(choice.token_ids),
+        "tokens": _tokens(choice),
+    }
+
+
+def _output(
+    k: int, choices: Sequence[Choice], plan: Plan, started: Started, prefill_texts: Sequence[str]
+) -> dict[str, Any]:
+    prefix = plan.inputs[k] if plan.full_text else ""
+    best = choices[0]
+    out: dict[str, Any] = {"generated_text": prefix + best.text}
+    if plan.details:
+        details: dict[str, Any] = {
+            "finish_reason": finish_reason(best.finish_reason, best.matched_stop),
+            "generated_tokens": len(best.token_ids),
+            "inputs": plan.inputs[k],
+            "tokens": _tokens(best),
+        }
+        if plan.prefill:
+            details["prefill"] = _prefill(started, prefill_texts)
+        if len(choices) > 1:
+            details["best_of_sequences"] = [_sequence(c, prefix) for c in choices[1:]]
+        out["details"] = details
+    return out
+
+
+def to_response(
+    result: GenerationResult, plan: Plan, prefill_texts: Sequence[str] = ()
+) -> dict[str, Any] | list[dict[str, Any]]:
+    """One object for a string input, a list (one per input) for a list of inputs.
+    `prefill_texts` are the prompt tokens' texts (for `decoder_input_details`)."""
+    n = plan.requests[0].sampling.n
+    by_index = sorted(result.choices, key=lambda c: c.index)
+    outputs = [
+        _output(k, by_index[k * n:(k + 1) * n], plan, result.prompt, prefill_texts)
+        for k in range(len(plan.inputs))
+    ]
+    return outputs[0] if plan.single else outputs
+
+
+class StreamEncoder:
+    """LMI's default streaming: one JSON line per token; the last line also carries
+    `generated_text` (and `details` when asked). A delta's text goes on its last token, so the
+    token texts always join to `generated_text`."""
+
+    def __init__(self, plan: Plan) -> None:
+        self._plan = plan
+        self._parts: list[str] = [plan.inputs[0]] if plan.full_text else []
+        self._count = 0
+
+    def lines(self, delta: Delta, end: ChoiceEnd | None) -> Iterator[bytes]:
+        ids = delta.token_ids
+        if not ids:
+            self._parts.append(delta.text)
+            if end is not None:
+                yield self._line(token(-1, "", None), end)
+            return
+        last = len(ids) - 1
+        for i, tid in enumerate(ids):
+            entry: TokenLogprob | None = delta.logprobs[i] if i < len(delta.logprobs) else None
+            text = delta.text if i == last else ""
+            self._parts.append(text)
+            self._count += 1
+            yield self._line(
+                token(tid, text, entry.logprob if entry else None), end if i == last else None
+            )
+
+    def end_only(self, end: ChoiceEnd) -> bytes:
+        """A choice that ended without a token of its own."""
+        return self._line(token(-1, "", None), end)
+
+    def error(self, message: str, code: int) -> bytes:
+        line = {
+            "token": token(-1, "", None), "generated_text": "".join(self._parts),
+            "details": {"finish_reason": "error"}, "error": message, "code": code,
+        }
+        return jsonio.dumps(line) + b"\n"
+
+    def _line(self, tok: dict[str, Any], end: ChoiceEnd | None) -> bytes:
+        line: dict[str, Any] = {"token": tok}
+        if end is not None:
+            line["generated_text"] = "".join(self._parts)
+            if self._plan.details:
+                line["details"] = {
+                    "finish_reason": finish_reason(end.reason, end.matched_stop),
+                    "generated_tokens": self._count,
+                    "inputs": self._plan.inputs[0],
+                }
+        return jsonio.dumps(line) + b"\n"
