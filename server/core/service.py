@@ -160,6 +160,7 @@ class EventStream:
         self._done = False
         self._closed = False
         self._cancel_reason: GatewayError | None = None
+        self._failure: GatewayError | None = None  # what the engine raised, for the metrics
         self._cancelled = False
         self._started_at = time.monotonic()
         self._first_token_at: float | None = None
@@ -194,8 +195,9 @@ class EventStream:
             if self._cancel_reason is not None:
                 raise self._cancel_reason from None
             raise
-        except GatewayError:
+        except GatewayError as exc:
             self._done = True
+            self._failure = exc
             raise
         if self._cancel_reason is not None and isinstance(event, ChoiceEnd | Done):
             self._done = True
@@ -250,7 +252,8 @@ class EventStream:
     def error_type(self) -> str | None:
         if self._usage is not None:
             return None
-        return self._cancel_reason.error_type if self._cancel_reason else "aborted"
+        reason = self._cancel_reason or self._failure
+        return reason.error_type if reason else "aborted"
 
     @property
     def timing(self) -> Timing:
