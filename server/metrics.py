@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
@@ -24,6 +24,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from protocols._common.http import json_response
+from server.core.adapters import AdapterRegistry, Residency
 from server.core.errors import GatewayError
 from server.core.lifecycle import Role, State
 from server.core.service import InferenceService, Timing
@@ -249,6 +250,7 @@ class GatewayMetrics:
     def bind(self, service: InferenceService) -> None:
         """Export the service's live state (lifecycle, role, queue, adapters) on each scrape."""
         self.registry.register(LiveStateCollector(service))
+        self.registry.register(AdapterCollector(service.adapters))
 
     # ---- RequestObserver -----------------------------------------------------------------
     def admitted(self, request: GenerationRequest) -> None:
@@ -330,6 +332,49 @@ class LiveStateCollector(Collector):
             "LoRA adapters registered.",
             value=len(service.adapters.names()),
         )
+
+
+class AdapterCollector(Collector):
+    """Per-adapter series read from the registry at scrape time. The `adapter` label takes only
+    names of registered adapters (the registry's records), never raw request input."""
+
+    _COUNTERS = (
+        ("requests", "gateway_adapter_requests", "Generation requests run on the adapter."),
+        ("generated_tokens", "gateway_adapter_generation_tokens", "Tokens generated with it."),
+        ("loads", "gateway_adapter_loads", "Times the adapter was loaded into the engine."),
+        ("evictions", "gateway_adapter_evictions", "Times it was evicted from the engine."),
+        ("load_failures", "gateway_adapter_load_failures", "Loads the engine refused."),
+    )
+
+    def __init__(self, adapters: AdapterRegistry) -> None:
+        self._adapters = adapters
+
+    def collect(self) -> Iterable[Metric]:
+        snapshots = self._adapters.snapshots()
+        for attr, name, doc in self._COUNTERS:
+            family = CounterMetricFamily(name, doc, labels=["adapter"])
+            for snap in snapshots:
+                family.add_metric([snap.name], float(getattr(snap, attr)))
+            yield family
+        inflight = GaugeMetricFamily(
+            "gateway_adapter_requests_inflight", "Requests running on the adapter now.",
+            labels=["adapter"],
+        )
+        pinned = GaugeMetricFamily("gateway_adapter_pinned", "1 if pinned.", labels=["adapter"])
+        residency = GaugeMetricFamily(
+            "gateway_adapter_residency",
+            "1 for where the adapter is: engine_slot (requests running), cpu_cache (loaded, "
+            "idle) or registered (not loaded).",
+            labels=["adapter", "residency"],
+        )
+        for snap in snapshots:
+            inflight.add_metric([snap.name], float(snap.inflight))
+            pinned.add_metric([snap.name], 1.0 if snap.pinned else 0.0)
+            for place in Residency:
+                residency.add_metric([snap.name, place.value], float(snap.residency is place))
+        yield inflight
+        yield pinned
+        yield residency
 
 
 class HttpMetricsMiddleware:

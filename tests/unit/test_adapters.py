@@ -436,3 +436,23 @@ async def test_concurrent_register_unregister_and_traffic_keep_state_consistent(
     assert set(engine.adapters) == resident
     assert len(engine.adapters) <= 3
     assert all(r.inflight == 0 for r in registry.records())
+
+
+async def test_metrics_collector_exports_registered_adapters_only(root: Path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from server.metrics import AdapterCollector
+
+    registry, _ = make_registry(root)
+    await registry.register("a1", str(root / "a1"))
+    registry.release(await registry.acquire("a1"), generated_tokens=4)
+    with pytest.raises(AdapterNotFound):
+        await registry.acquire("unknown")
+    prom = CollectorRegistry()
+    prom.register(AdapterCollector(registry))
+    text = generate_latest(prom).decode()
+    assert 'gateway_adapter_requests_total{adapter="a1"} 1.0' in text
+    assert 'gateway_adapter_generation_tokens_total{adapter="a1"} 4.0' in text
+    assert 'gateway_adapter_loads_total{adapter="a1"} 1.0' in text
+    assert 'gateway_adapter_residency{adapter="a1",residency="cpu_cache"} 1.0' in text
+    assert "unknown" not in text
