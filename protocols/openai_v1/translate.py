@@ -95,7 +95,7 @@ def chat_request(
         sampling=to_sampling(body, _bounded_max_tokens(max_tokens, bounds), bounds),
         output=OutputOptions(logprobs=_chat_logprobs(body, bounds)),
         stream=bool(body.stream),
-        protocol="openai_v1.chat",
+        protocol="openai_v1",
         priority=body.priority,
     )
 
@@ -124,7 +124,7 @@ def completion_requests(
             sampling=sampling,
             output=output,
             stream=bool(body.stream),
-            protocol="openai_v1.completions",
+            protocol="openai_v1",
             priority=body.priority,
         )
         for prompt in completion_prompts(body, bounds)

@@ -106,10 +106,22 @@ def test_chat_max_completion_tokens_wins_over_max_tokens() -> None:
 
 def test_chat_vllm_extras_reach_sampling() -> None:
     body = chat_body(
-        model="a1", top_k=5, min_p=0.1, repetition_penalty=1.2, ignore_eos=True, min_tokens=2,
-        stop_token_ids=[3], include_stop_str_in_output=True, skip_special_tokens=False,
-        allowed_token_ids=[1, 2], bad_words=["x"], truncate_prompt_tokens=8, seed=7, priority=3,
-        stop="END", logit_bias={"5": 250.0},
+        model="a1",
+        top_k=5,
+        min_p=0.1,
+        repetition_penalty=1.2,
+        ignore_eos=True,
+        min_tokens=2,
+        stop_token_ids=[3],
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+        allowed_token_ids=[1, 2],
+        bad_words=["x"],
+        truncate_prompt_tokens=8,
+        seed=7,
+        priority=3,
+        stop="END",
+        logit_bias={"5": 250.0},
     )
     gen = translate.chat_request(body, request_id="r", bounds=BOUNDS)
     s = gen.sampling
@@ -184,7 +196,8 @@ def test_continue_final_message_excludes_generation_prompt() -> None:
         )
     gen = translate.chat_request(
         chat_body(continue_final_message=True, add_generation_prompt=False),
-        request_id="r", bounds=BOUNDS,
+        request_id="r",
+        bounds=BOUNDS,
     )
     assert isinstance(gen.prompt, ChatPrompt)
     assert gen.prompt.continue_final_message
@@ -268,19 +281,30 @@ def test_chat_stream_matches_vllm_chunk_sequence() -> None:
     view = translate.ChatView(meta=META, usage=translate.StreamUsage(include=True))
     chunks = encode_all(translate.ChatStreamEncoder(view), chat_events())
     assert chunks[0]["choices"] == [
-        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-         "finish_reason": None}
+        {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
     ]
     assert [c["choices"][0]["delta"] for c in chunks[1:3]] == [
-        {"content": "Hel"}, {"content": "lo"}
+        {"content": "Hel"},
+        {"content": "lo"},
     ]
     assert chunks[3]["choices"][0] == {
-        "index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": "stop",
+        "index": 0,
+        "delta": {"content": ""},
+        "logprobs": None,
+        "finish_reason": "stop",
         "stop_reason": "\n",
     }
     assert chunks[4] == {
-        "id": "chatcmpl-abc", "object": "chat.completion.chunk", "created": 1730000000,
-        "model": "a1", "choices": [],
+        "id": "chatcmpl-abc",
+        "object": "chat.completion.chunk",
+        "created": 1730000000,
+        "model": "a1",
+        "choices": [],
         "usage": {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2},
     }
     for chunk in chunks:
@@ -310,21 +334,36 @@ def test_chat_stream_continuous_usage_counts_per_choice() -> None:
 
 def test_chat_stream_logprobs_and_echo() -> None:
     lp = TokenLogprob(
-        token_id=10, token="Hel", logprob=-0.5,
-        top=(TopLogprob(token_id=10, token="Hel", logprob=-0.5),
-             TopLogprob(token_id=12, token="He", logprob=float("-inf"))),
+        token_id=10,
+        token="Hel",
+        logprob=-0.5,
+        top=(
+            TopLogprob(token_id=10, token="Hel", logprob=-0.5),
+            TopLogprob(token_id=12, token="He", logprob=float("-inf")),
+        ),
     )
     view = translate.ChatView(meta=META, logprobs=True, echo_prefix="Sure: ")
     encoder = translate.ChatStreamEncoder(view)
-    chunks = encode_all(encoder, [Started(prompt_token_ids=(1,)),
-                                  Delta(choice=0, text="Hel", token_ids=(10,), logprobs=(lp,))])
+    chunks = encode_all(
+        encoder,
+        [
+            Started(prompt_token_ids=(1,)),
+            Delta(choice=0, text="Hel", token_ids=(10,), logprobs=(lp,)),
+        ],
+    )
     assert chunks[1]["choices"][0]["delta"] == {"content": "Sure: "}
     content = chunks[2]["choices"][0]["logprobs"]["content"]
-    assert content == [{
-        "token": "Hel", "logprob": -0.5, "bytes": [72, 101, 108],
-        "top_logprobs": [{"token": "Hel", "logprob": -0.5, "bytes": [72, 101, 108]},
-                         {"token": "He", "logprob": -9999.0, "bytes": [72, 101]}],
-    }]
+    assert content == [
+        {
+            "token": "Hel",
+            "logprob": -0.5,
+            "bytes": [72, 101, 108],
+            "top_logprobs": [
+                {"token": "Hel", "logprob": -0.5, "bytes": [72, 101, 108]},
+                {"token": "He", "logprob": -9999.0, "bytes": [72, 101]},
+            ],
+        }
+    ]
 
 
 def chat_result(n: int = 1) -> GenerationResult:
@@ -333,7 +372,10 @@ def chat_result(n: int = 1) -> GenerationResult:
         for i in range(n)
     )
     return GenerationResult(
-        request_id="abc", model="a1", prompt=Started(prompt_token_ids=(1, 2, 3)), choices=choices,
+        request_id="abc",
+        model="a1",
+        prompt=Started(prompt_token_ids=(1, 2, 3)),
+        choices=choices,
         usage=Usage(prompt_tokens=3, completion_tokens=2 * n),
     )
 
@@ -341,25 +383,49 @@ def chat_result(n: int = 1) -> GenerationResult:
 def test_chat_response_has_every_vllm_field() -> None:
     body = translate.chat_response(chat_result(), translate.ChatView(meta=META))
     assert body == {
-        "id": "chatcmpl-abc", "object": "chat.completion", "created": 1730000000, "model": "a1",
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": "Hello", "refusal": None,
-                        "annotations": None, "audio": None, "function_call": None,
-                        "reasoning": None},
-            "logprobs": None, "finish_reason": "length", "stop_reason": None, "token_ids": None,
-        }],
-        "service_tier": None, "system_fingerprint": None,
-        "usage": {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2,
-                  "prompt_tokens_details": None, "completion_tokens_details": None},
-        "prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None,
+        "id": "chatcmpl-abc",
+        "object": "chat.completion",
+        "created": 1730000000,
+        "model": "a1",
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": "Hello",
+                    "refusal": None,
+                    "annotations": None,
+                    "audio": None,
+                    "function_call": None,
+                    "reasoning": None,
+                },
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+                "token_ids": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": {
+            "prompt_tokens": 3,
+            "total_tokens": 5,
+            "completion_tokens": 2,
+            "prompt_tokens_details": None,
+            "completion_tokens_details": None,
+        },
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "kv_transfer_params": None,
     }
     ChatCompletion.model_validate(body)
 
 
 def test_chat_echo_prefixes_last_assistant_message() -> None:
-    body = chat_body(echo=True, messages=[{"role": "user", "content": "q"},
-                                          {"role": "assistant", "content": "A: "}])
+    body = chat_body(
+        echo=True,
+        messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "A: "}],
+    )
     view = translate.ChatView.of(body, META)
     response = translate.chat_response(chat_result(), view)
     assert response["choices"][0]["message"]["content"] == "A: Hello"
@@ -371,40 +437,75 @@ def test_chat_echo_prefixes_last_assistant_message() -> None:
 
 def test_completion_response_has_every_vllm_field() -> None:
     result = GenerationResult(
-        request_id="abc", model="tiny", prompt=Started(prompt_token_ids=(1,)),
+        request_id="abc",
+        model="tiny",
+        prompt=Started(prompt_token_ids=(1,)),
         choices=(Choice(index=0, text=" x", finish_reason=FinishReason.STOP, matched_stop=2),),
         usage=Usage(prompt_tokens=1, completion_tokens=1),
     )
     body = translate.completion_response(result, translate.CompletionView(meta=CMPL_META))
     assert body == {
-        "id": "cmpl-abc", "object": "text_completion", "created": 1730000000, "model": "tiny",
-        "choices": [{"index": 0, "text": " x", "logprobs": None, "finish_reason": "stop",
-                     "stop_reason": 2, "prompt_logprobs": None, "prompt_token_ids": None,
-                     "token_ids": None}],
-        "service_tier": None, "system_fingerprint": None,
-        "usage": {"prompt_tokens": 1, "total_tokens": 2, "completion_tokens": 1,
-                  "prompt_tokens_details": None, "completion_tokens_details": None},
+        "id": "cmpl-abc",
+        "object": "text_completion",
+        "created": 1730000000,
+        "model": "tiny",
+        "choices": [
+            {
+                "index": 0,
+                "text": " x",
+                "logprobs": None,
+                "finish_reason": "stop",
+                "stop_reason": 2,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+                "token_ids": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": {
+            "prompt_tokens": 1,
+            "total_tokens": 2,
+            "completion_tokens": 1,
+            "prompt_tokens_details": None,
+            "completion_tokens_details": None,
+        },
         "kv_transfer_params": None,
     }
     Completion.model_validate(body)
 
 
 def lp(token: str, value: float, token_id: int = 0) -> TokenLogprob:
-    return TokenLogprob(token_id=token_id, token=token, logprob=value,
-                        top=(TopLogprob(token_id=99, token="zz", logprob=-3.0),))
+    return TokenLogprob(
+        token_id=token_id,
+        token=token,
+        logprob=value,
+        top=(TopLogprob(token_id=99, token="zz", logprob=-3.0),),
+    )
 
 
 def test_completion_echo_logprobs_cover_prompt_then_output() -> None:
-    started = Started(prompt_token_ids=(5, 6), prompt_text="ab",
-                      prompt_logprobs=(None, lp("b", -1.0, 6)))
+    started = Started(
+        prompt_token_ids=(5, 6), prompt_text="ab", prompt_logprobs=(None, lp("b", -1.0, 6))
+    )
     result = GenerationResult(
-        request_id="abc", model="tiny", prompt=started,
-        choices=(Choice(index=0, text="cd", finish_reason=FinishReason.LENGTH,
-                        logprobs=(lp("cd", -0.25),)),),
+        request_id="abc",
+        model="tiny",
+        prompt=started,
+        choices=(
+            Choice(
+                index=0, text="cd", finish_reason=FinishReason.LENGTH, logprobs=(lp("cd", -0.25),)
+            ),
+        ),
         usage=Usage(prompt_tokens=2, completion_tokens=1),
     )
-    view = translate.CompletionView(meta=CMPL_META, logprobs=1, echo=True, echo_texts=("ab",),
-                                    token_texts=lambda ids: [f"<{i}>" for i in ids])
+    view = translate.CompletionView(
+        meta=CMPL_META,
+        logprobs=1,
+        echo=True,
+        echo_texts=("ab",),
+        token_texts=lambda ids: [f"<{i}>" for i in ids],
+    )
     choice = translate.completion_response(result, view)["choices"][0]
     assert choice["text"] == "abcd"
     assert choice["logprobs"] == {
@@ -417,7 +518,11 @@ def test_completion_echo_logprobs_cover_prompt_then_output() -> None:
 
 def test_completion_stream_echoes_once_per_choice_and_tracks_offsets() -> None:
     view = translate.CompletionView(
-        meta=CMPL_META, n=1, echo=True, logprobs=0, echo_texts=("p0", "p1"),
+        meta=CMPL_META,
+        n=1,
+        echo=True,
+        logprobs=0,
+        echo_texts=("p0", "p1"),
         usage=translate.StreamUsage(include=True),
     )
     events = [
@@ -435,8 +540,13 @@ def test_completion_stream_echoes_once_per_choice_and_tracks_offsets() -> None:
     # offsets are per choice; prompt 1's own rows are unknown in a batch, so it starts past it
     assert chunks[1]["choices"][0]["logprobs"]["text_offset"] == [2]
     assert chunks[2]["choices"][0]["logprobs"]["text_offset"] == [1]
-    assert chunks[3]["choices"][0] == {"index": 0, "text": "", "logprobs": None,
-                                       "finish_reason": "length", "stop_reason": None}
+    assert chunks[3]["choices"][0] == {
+        "index": 0,
+        "text": "",
+        "logprobs": None,
+        "finish_reason": "length",
+        "stop_reason": None,
+    }
     assert chunks[-1]["choices"] == []
     assert chunks[-1]["usage"] == {"prompt_tokens": 4, "total_tokens": 7, "completion_tokens": 3}
     for chunk in chunks:  # (the SDK's own model rejects vLLM's null finish_reason in chunks)
@@ -448,10 +558,13 @@ def test_completion_stream_echoes_once_per_choice_and_tracks_offsets() -> None:
 
 def test_completion_echo_without_generation_returns_prompt_only() -> None:
     body = completion_body(echo=True, max_tokens=0)
-    view = translate.CompletionView.of(body, CMPL_META, prompts=[TextPrompt("one two")],
-                                       token_texts=lambda ids: [])
+    view = translate.CompletionView.of(
+        body, CMPL_META, prompts=[TextPrompt("one two")], token_texts=lambda ids: []
+    )
     result = GenerationResult(
-        request_id="r", model="tiny", prompt=Started(prompt_token_ids=(1, 2)),
+        request_id="r",
+        model="tiny",
+        prompt=Started(prompt_token_ids=(1, 2)),
         choices=(Choice(index=0, text="more", finish_reason=FinishReason.LENGTH),),
         usage=Usage(prompt_tokens=2, completion_tokens=1),
     )
@@ -465,12 +578,23 @@ def test_model_list_shows_lineage_without_paths() -> None:
     body = translate.model_list(["tiny"], ["a1"], created=5, max_model_len=512)
     base, adapter = body["data"]
     assert (base["id"], base["root"], base["parent"], base["max_model_len"]) == (
-        "tiny", "tiny", None, 512
+        "tiny",
+        "tiny",
+        None,
+        512,
     )
     assert (adapter["id"], adapter["parent"], adapter["max_model_len"]) == ("a1", "tiny", None)
     assert base["permission"][0]["object"] == "model_permission"
-    assert set(base) == {"id", "object", "created", "owned_by", "root", "parent",
-                         "max_model_len", "permission"}
+    assert set(base) == {
+        "id",
+        "object",
+        "created",
+        "owned_by",
+        "root",
+        "parent",
+        "max_model_len",
+        "permission",
+    }
 
 
 @pytest.mark.parametrize(
@@ -494,8 +618,12 @@ def test_error_table(exc: GatewayError, status: int, kind: str) -> None:
     response = errors.render(exc)
     assert response.status_code == status
     assert json.loads(bytes(response.body)) == {
-        "error": {"message": "x" if exc.message == "x" else exc.message, "type": kind,
-                  "param": exc.param, "code": status}
+        "error": {
+            "message": "x" if exc.message == "x" else exc.message,
+            "type": kind,
+            "param": exc.param,
+            "code": status,
+        }
     }
 
 
@@ -536,11 +664,15 @@ def make_context(engine: FakeEngine | None = None, *, runtime_lora: bool = True)
         limits=AdapterLimits(enabled=True, max_loras=2, max_cpu_loras=4),
     )
     service = InferenceService(
-        engine=engine, adapters=registry, lifecycle=lifecycle, limits=Limits(),
+        engine=engine,
+        adapters=registry,
+        lifecycle=lifecycle,
+        limits=Limits(),
         base_names=["tiny"],
     )
-    return ProtocolContext(service=service, bounds=BOUNDS, created=42,
-                           allow_runtime_lora=runtime_lora)
+    return ProtocolContext(
+        service=service, bounds=BOUNDS, created=42, allow_runtime_lora=runtime_lora
+    )
 
 
 async def client_for(ctx: ProtocolContext) -> httpx.AsyncClient:
@@ -559,10 +691,14 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 async def test_unknown_model_returns_vllm_404(client: httpx.AsyncClient) -> None:
     response = await client.post("/v1/completions", json={"model": "nope", "prompt": "hi"})
     assert response.status_code == 404
-    assert response.json() == {"error": {
-        "message": "The model `nope` does not exist. Valid aliases: tiny.",
-        "type": "NotFoundError", "param": "model", "code": 404,
-    }}
+    assert response.json() == {
+        "error": {
+            "message": "The model `nope` does not exist. Valid aliases: tiny.",
+            "type": "NotFoundError",
+            "param": "model",
+            "code": 404,
+        }
+    }
 
 
 @pytest.mark.anyio
@@ -574,8 +710,11 @@ async def test_unknown_model_returns_vllm_404(client: httpx.AsyncClient) -> None
         ("/v1/chat/completions", {"messages": "hi"}, "body.messages"),
         ("/v1/chat/completions", {"messages": []}, "body.messages"),
         ("/v1/chat/completions", {"messages": [{"content": "x"}]}, "body.messages.0.role"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                                  "temperature": -1}, "body.temperature"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "temperature": -1},
+            "body.temperature",
+        ),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 99}, "n"),
     ],
 )
@@ -590,12 +729,14 @@ async def test_validation_errors_are_400_with_param(
 
 @pytest.mark.anyio
 async def test_non_json_bodies_are_400(client: httpx.AsyncClient) -> None:
-    bad = await client.post("/v1/chat/completions", content=b"{nope",
-                            headers={"content-type": "application/json"})
+    bad = await client.post(
+        "/v1/chat/completions", content=b"{nope", headers={"content-type": "application/json"}
+    )
     assert bad.status_code == 400
     assert bad.json()["error"]["type"] == "BadRequestError"
-    text = await client.post("/v1/completions", content=b'{"prompt": "x"}',
-                             headers={"content-type": "text/plain"})
+    text = await client.post(
+        "/v1/completions", content=b'{"prompt": "x"}', headers={"content-type": "text/plain"}
+    )
     assert text.status_code == 400
     assert "Only 'application/json' is allowed" in text.json()["error"]["message"]
 
@@ -603,7 +744,8 @@ async def test_non_json_bodies_are_400(client: httpx.AsyncClient) -> None:
 @pytest.mark.anyio
 async def test_x_request_id_becomes_the_response_id(client: httpx.AsyncClient) -> None:
     response = await client.post(
-        "/v1/chat/completions", headers={"x-request-id": "req-7"},
+        "/v1/chat/completions",
+        headers={"x-request-id": "req-7"},
         json={"messages": [{"role": "user", "content": "a b"}], "max_tokens": 2},
     )
     assert response.status_code == 200
@@ -614,16 +756,20 @@ async def test_x_request_id_becomes_the_response_id(client: httpx.AsyncClient) -
 
 @pytest.mark.anyio
 async def test_stream_is_framed_like_vllm(client: httpx.AsyncClient) -> None:
-    response = await client.post("/v1/completions", json={
-        "prompt": "a b c", "max_tokens": 3, "stream": True,
-        "stream_options": {"include_usage": True},
-    })
+    response = await client.post(
+        "/v1/completions",
+        json={
+            "prompt": "a b c",
+            "max_tokens": 3,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
     payloads = sse_payloads(response.content)
     assert payloads[-1] == "[DONE]"
-    assert payloads[-2]["usage"] == {"prompt_tokens": 3, "total_tokens": 6,
-                                     "completion_tokens": 3}
+    assert payloads[-2]["usage"] == {"prompt_tokens": 3, "total_tokens": 6, "completion_tokens": 3}
     assert "".join(p["choices"][0]["text"] for p in payloads[:-2]) == "a b c "
 
 
@@ -631,9 +777,15 @@ async def test_stream_is_framed_like_vllm(client: httpx.AsyncClient) -> None:
 async def test_list_of_prompts_indexes_choices_over_prompts_and_n(
     client: httpx.AsyncClient,
 ) -> None:
-    response = await client.post("/v1/completions", json={
-        "prompt": ["a b", "c d"], "n": 2, "max_tokens": 1, "echo": True,
-    })
+    response = await client.post(
+        "/v1/completions",
+        json={
+            "prompt": ["a b", "c d"],
+            "n": 2,
+            "max_tokens": 1,
+            "echo": True,
+        },
+    )
     body = response.json()
     assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
     assert [c["text"] for c in body["choices"]] == ["a ba ", "a bb ", "c dc ", "c dd "]
@@ -644,26 +796,40 @@ async def test_list_of_prompts_indexes_choices_over_prompts_and_n(
 async def test_error_after_stream_start_is_in_band() -> None:
     ctx = make_context(FakeEngine(FakeScript(fail_after=2), model_name="tiny"))
     async with await client_for(ctx) as http:
-        response = await http.post("/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "a b c"}], "stream": True,
-        })
+        response = await http.post(
+            "/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": "a b c"}],
+                "stream": True,
+            },
+        )
         assert response.status_code == 200
         payloads = sse_payloads(response.content)
-        assert payloads[-2] == {"error": {"message": "scripted failure",
-                                          "type": "InternalServerError", "param": None,
-                                          "code": 500}}
+        assert payloads[-2] == {
+            "error": {
+                "message": "scripted failure",
+                "type": "InternalServerError",
+                "param": None,
+                "code": 500,
+            }
+        }
         assert payloads[-1] == "[DONE]"
         assert ctx.service.admission.running == 0  # the slot came back
 
 
 @pytest.mark.anyio
 async def test_engine_rejection_before_output_gets_a_real_status() -> None:
-    engine = FakeEngine(FakeScript(reject_with=ContextLengthExceeded("too long")),
-                        model_name="tiny")
+    engine = FakeEngine(
+        FakeScript(reject_with=ContextLengthExceeded("too long")), model_name="tiny"
+    )
     async with await client_for(make_context(engine)) as http:
-        response = await http.post("/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "x"}], "stream": True,
-        })
+        response = await http.post(
+            "/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": "x"}],
+                "stream": True,
+            },
+        )
     assert response.status_code == 400
     assert response.json()["error"]["message"] == "too long"
 
@@ -673,11 +839,14 @@ async def test_models_tokenize_detokenize_version(client: httpx.AsyncClient) -> 
     models = (await client.get("/v1/models")).json()
     assert [m["id"] for m in models["data"]] == ["tiny"]
     assert (await client.get("/v1/models/tiny")).json() == {
-        "id": "tiny", "object": "model", "created": 42, "owned_by": "vllm"
+        "id": "tiny",
+        "object": "model",
+        "created": 42,
+        "owned_by": "vllm",
     }
     missing = await client.get("/v1/models/ghost")
     assert (missing.status_code, missing.json()["error"]["type"]) == (404, "NotFoundError")
-    tokens = (await client.post("/tokenize", json={"prompt": "a b", "return_token_strs": True}))
+    tokens = await client.post("/tokenize", json={"prompt": "a b", "return_token_strs": True})
     assert set(tokens.json()) == {"count", "max_model_len", "tokens", "token_strs"}
     assert tokens.json()["count"] == 2
     chat = await client.post("/tokenize", json={"messages": [{"role": "user", "content": "x"}]})
@@ -691,8 +860,9 @@ async def test_models_tokenize_detokenize_version(client: httpx.AsyncClient) -> 
 @pytest.mark.anyio
 async def test_runtime_lora_routes_absent_when_disabled() -> None:
     async with await client_for(make_context(runtime_lora=False)) as http:
-        response = await http.post("/v1/load_lora_adapter", json={"lora_name": "x",
-                                                                   "lora_path": "/x"})
+        response = await http.post(
+            "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/x"}
+        )
     assert response.status_code == 404
 
 
@@ -702,12 +872,18 @@ async def test_runtime_lora_refusals_without_touching_the_engine(
 ) -> None:
     empty = await client.post("/v1/load_lora_adapter", json={"lora_name": "x"})
     assert (empty.status_code, empty.json()["error"]["type"]) == (400, "InvalidUserInput")
-    base = await client.post("/v1/load_lora_adapter", json={"lora_name": "tiny",
-                                                           "lora_path": str(Path.cwd())})
+    base = await client.post(
+        "/v1/load_lora_adapter", json={"lora_name": "tiny", "lora_path": str(Path.cwd())}
+    )
     assert (base.status_code, base.json()["error"]["message"]) == (
-        400, "The lora adapter 'tiny' conflicts with a served base model."
+        400,
+        "The lora adapter 'tiny' conflicts with a served base model.",
     )
     gone = await client.post("/v1/unload_lora_adapter", json={"lora_name": "ghost"})
     assert gone.status_code == 404
-    assert gone.json()["error"] == {"message": "The lora adapter 'ghost' cannot be found.",
-                                    "type": "NotFoundError", "param": None, "code": 404}
+    assert gone.json()["error"] == {
+        "message": "The lora adapter 'ghost' cannot be found.",
+        "type": "NotFoundError",
+        "param": None,
+        "code": 404,
+    }
