@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Literal, TypeVar, cast
 
 from starlette.requests import Request
@@ -180,8 +180,9 @@ class KserveApi:
         self, stream: EventStream, call: TextCall, header: dict[str, Any], timer: RequestTimer
     ) -> AsyncIterator[bytes]:
         ok = False
+        payloads = self._payloads(stream, call, header)
         try:
-            async for payload in self._payloads(stream, call, header):
+            async for payload in payloads:
                 yield sse_event(jsonio.dumps(payload))
             ok = True
         except Exception as exc:
@@ -190,6 +191,7 @@ class KserveApi:
                 exc = EngineError("Internal error while streaming the response")
             yield errors.stream_error(exc)
         finally:
+            await payloads.aclose()
             await stream.aclose()
             timer.mark()
             if ok:
@@ -199,7 +201,7 @@ class KserveApi:
 
     async def _payloads(
         self, stream: EventStream, call: TextCall, header: dict[str, Any]
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncGenerator[dict[str, Any], None]:
         if not call.stream:  # `stream: false`: one event with the whole answer, as Triton
             result = await collect(stream, request_id=stream.request.request_id, model="")
             yield {**generate_body(result, call, header), "done": True}

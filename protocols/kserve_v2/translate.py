@@ -172,23 +172,25 @@ def infer_call(
     wire: InferRequest, inputs: Sequence[Tensor], target: Target
 ) -> TextCall | TokenCall:
     """`POST …/infer` → a call, validated against the model's signature before any work."""
-    if is_token_request(inputs):
-        return token_call(wire, inputs[0], target)
     params = dict(wire.parameters or {})
-    timeout_us = params.pop("timeout", None)  # Triton: request timeout in microseconds
-    call = text_call(
-        check_text_inputs(inputs, target.model.name), params, target, route="infer",
-        requested=output_plan(wire).names,
-    )
+    timeout_us = params.pop("timeout", None)  # Triton: the request timeout, in microseconds
+    call: TextCall | TokenCall
+    if is_token_request(inputs):
+        call = token_call(wire, inputs[0], target, params)
+    else:
+        call = text_call(
+            check_text_inputs(inputs, target.model.name), params, target, route="infer",
+            requested=output_plan(wire).names,
+        )
     if timeout_us is None:
         return call
     return replace(call, request=replace(call.request, timeout_s=_timeout_us(timeout_us)))
 
 
-def _timeout_us(raw: object) -> float:
+def _timeout_us(raw: object) -> float | None:
     if not isinstance(raw, int) or isinstance(raw, bool) or raw < 0:
         raise InvalidRequest("Unable to parse 'timeout'")
-    return raw / 1_000_000 or 0.000001
+    return raw / 1_000_000 or None
 
 
 def check_text_inputs(inputs: Sequence[Tensor], model: str) -> dict[str, Tensor]:
@@ -337,15 +339,16 @@ def _request(
     )
 
 
-def token_call(wire: InferRequest, tensor: Tensor, target: Target) -> TokenCall:
-    """MindIE: sampling knobs live in `inputs[0].parameters` (request parameters also count)."""
+def token_call(
+    wire: InferRequest, tensor: Tensor, target: Target, params: Mapping[str, object]
+) -> TokenCall:
+    """MindIE: sampling knobs live in `inputs[0].parameters`; request parameters also count."""
     ids = _token_ids(tensor, target.vocab_size)
     item_params = {
         k: v for k, v in (wire.inputs[0].parameters or {}).items() if not k.startswith("binary_")
     }
     knobs = to_knobs(
-        read_knobs({**(wire.parameters or {}), **item_params}, strict=False),
-        target.bounds, TOKEN_MAX_NEW_TOKENS,
+        read_knobs({**params, **item_params}, strict=False), target.bounds, TOKEN_MAX_NEW_TOKENS
     )
     if knobs.sampling.n != 1:
         raise InvalidRequest("parameter 'n' must be 1 for token ids", param="n")

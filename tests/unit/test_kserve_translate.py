@@ -398,6 +398,16 @@ def test_token_variant_reads_ids_and_item_parameters() -> None:
     assert call.request.sampling.max_new_tokens == 4 and call.request.timeout_s == 9
 
 
+def test_token_variant_request_timeout_is_tritons_microseconds() -> None:
+    wire = InferRequest.model_validate({
+        "inputs": [{"name": "ids", "shape": [2], "datatype": "UINT32", "data": [1, 2]}],
+        "parameters": {"timeout": 1_000_000},
+    })
+    call = infer_call(wire, decode_inputs(wire.inputs, None, "tiny"), target())
+    assert isinstance(call, TokenCall) and call.request.timeout_s == 1.0
+    assert call.output_name == "output0" and call.request.sampling.max_new_tokens == 20
+
+
 @pytest.mark.parametrize(
     ("shape", "data", "message"),
     [((2, 1), [1, 2], "two-dimensional"), ((1, 1), [100], "out of range"),
