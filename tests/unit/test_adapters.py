@@ -1,4 +1,4 @@
-"""AdapterRegistry and adapter file validation on the fake engine with adapters written to temp dirs."""
+"""AdapterRegistry and adapter file validation: the fake engine, adapters written to temp dirs."""
 
 from __future__ import annotations
 

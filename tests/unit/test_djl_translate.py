@@ -1,0 +1,367 @@
+"""DJL translation, error tables and routes on the fake engine (in process, no sockets)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from protocols._common.context import RequestBounds
+from protocols.djl import errors, translate
+from protocols.djl.schema import AdapterForm, LmiParameters, LmiRequest
+from server.core.errors import (
+    AdapterCapacity,
+    AdapterExists,
+    AdapterInvalid,
+    AdapterNotFound,
+    EngineError,
+    InvalidRequest,
+    LoraDisabled,
+    ModelNotFound,
+    Overloaded,
+)
+from server.core.types import (
+    Choice,
+    ChoiceEnd,
+    Delta,
+    FinishReason,
+    GenerationResult,
+    Started,
+    TokenLogprob,
+    Usage,
+)
+from tests.unit.gateway_kit import client, make_gateway
+
+BOUNDS = RequestBounds(max_n=4, max_best_of=4, max_stop_sequences=2, max_prompts=3)
+DEMO = Path(__file__).resolve().parents[2] / "build" / "demo"
+
+
+def lmi(body: dict[str, Any]) -> LmiRequest:
+    return LmiRequest.model_validate(body)
+
+
+# ---- management forms and DJL JSON ---------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, True), (True, True), (False, False), ("true", True), ("TRUE", True), ("yes", False),
+     ("1", False), ("false", False)],
+)
+def test_booleans_parse_like_java(value: bool | str | None, expected: bool) -> None:
+    assert translate.java_bool(value, True) is expected
+
+
+def test_query_parameters_win_over_the_json_body_and_extras_become_options() -> None:
+    form = translate.to_form(
+        {"name": "q", "rank_hint": "4"},
+        {"name": "b", "src": "/s", "pin": True, "extra": {"k": 1}},
+    )
+    reg = translate.to_registration(form)
+    assert (reg.name, reg.src, reg.pin, reg.preload) == ("q", "/s", True, True)
+    assert reg.options == {"rank_hint": "4", "extra": '{"k":1}'}
+
+
+@pytest.mark.parametrize("missing", ["name", "src"])
+def test_missing_or_empty_required_parameter_names_it(missing: str) -> None:
+    fields = {"name": "a", "src": "/s", missing: ""}
+    with pytest.raises(InvalidRequest, match=f"The parameter {missing} is required"):
+        translate.to_registration(translate.to_form(fields, None))
+
+
+def test_wrong_type_in_json_body_is_a_validation_error() -> None:
+    with pytest.raises(InvalidRequest):
+        translate.to_form({}, {"name": 5, "src": "/s"})
+
+
+def test_update_keeps_unset_fields_unset() -> None:
+    upd = translate.to_update(AdapterForm.model_validate({"pin": "true"}))
+    assert (upd.src, upd.preload, upd.pin, upd.options) == (None, None, True, {})
+
+
+def test_djl_json_is_pretty_printed_with_a_trailing_newline() -> None:
+    assert translate.djl_json({"status": "Adapter a1 registered"}) == (
+        b'{\n  "status": "Adapter a1 registered"\n}\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [({}, (0, 5, None)), ({"limit": "2"}, (0, 2, "2")), ({"limit": "2", "next_page_token": "4"},
+     (4, 5, None)), ({"limit": "500"}, (0, 5, None)), ({"limit": "-1"}, (0, 5, None)),
+     ({"next_page_token": "-3", "limit": "1"}, (0, 1, "1")), ({"limit": "0"}, (0, 0, "0")),
+     ({"next_page_token": "9"}, (9, 5, None))],
+)
+def test_pagination_follows_djl(
+    query: dict[str, str], expected: tuple[int, int, str | None]
+) -> None:
+    assert translate.page(query, 5) == expected
+
+
+def test_pagination_refuses_non_integers() -> None:
+    with pytest.raises(InvalidRequest, match="Invalid value for parameter limit"):
+        translate.page({"limit": "ten"}, 5)
+
+
+# ---- adapter selection -------------------------------------------------------------------------
+
+def test_selection_precedence_body_then_query_then_attributes_then_header() -> None:
+    body = lmi({"inputs": ["x", "y"], "adapters": ["a1", ""]})
+    assert translate.select_adapters(body, translate.Selectors(), 2) == ["a1", ""]
+    assert translate.select_adapters(body, translate.Selectors(query="q"), 2) == ["q", "q"]
+    chosen = translate.Selectors(query="q", custom_attributes="c")
+    assert translate.select_adapters(body, chosen, 2) == ["c", "c"]
+    chosen = translate.Selectors(query="q", custom_attributes="c", header="h")
+    assert translate.select_adapters(body, chosen, 2) == ["h", "h"]
+
+
+def test_no_adapter_means_base_and_a_string_applies_to_every_input() -> None:
+    assert translate.select_adapters(lmi({"inputs": "x"}), translate.Selectors(), 1) == [""]
+    body = lmi({"inputs": ["x", "y"], "adapters": "a1"})
+    assert translate.select_adapters(body, translate.Selectors(), 2) == ["a1", "a1"]
+
+
+def test_adapter_count_mismatch_is_an_error() -> None:
+    body = lmi({"inputs": ["x", "y"], "adapters": ["a1"]})
+    with pytest.raises(InvalidRequest, match="Number of adapters is not equal"):
+        translate.select_adapters(body, translate.Selectors(), 2)
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [("adapter=a1", "a1"), ("x=1;adapter=a2", "a2"), ("x=1, adapter = a3", "a3"), ("x=1", None),
+     (None, None)],
+)
+def test_custom_attributes_adapter(header: str | None, expected: str | None) -> None:
+    assert translate.custom_attribute_adapter(header) == expected
+
+
+# ---- sampling and plans --------------------------------------------------------------------------
+
+def test_lmi_defaults_are_greedy_with_30_new_tokens() -> None:
+    sampling = translate.to_sampling(LmiParameters(), BOUNDS)
+    assert (sampling.temperature, sampling.max_new_tokens, sampling.n) == (0.0, 30, 1)
+
+
+@pytest.mark.parametrize(
+    ("params", "temperature"),
+    [({"do_sample": True}, 1.0), ({"do_sample": True, "temperature": 0.5}, 0.5),
+     ({"temperature": 0.7}, 0.7), ({"do_sample": False, "temperature": 0.7}, 0.0)],
+)
+def test_do_sample_and_temperature_as_lmi_maps_them(
+    params: dict[str, Any], temperature: float
+) -> None:
+    assert translate.to_sampling(LmiParameters(**params), BOUNDS).temperature == temperature
+
+
+def test_lmi_names_map_to_vllm_knobs() -> None:
+    params = LmiParameters(
+        stop_sequences="END", ignore_eos_token=True, max_new_tokens=7, stop_token_ids=[2],
+        top_k=5, repetition_penalty=1.1,
+    )
+    sampling = translate.to_sampling(params, BOUNDS)
+    assert sampling.stop == ("END",) and sampling.ignore_eos and sampling.max_new_tokens == 7
+    assert sampling.stop_token_ids == (2,) and sampling.top_k == 5
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"n": 5}, {"n": 2, "best_of": 1}, {"stop_sequences": ["a", "b", "c"]}, {"stop": [""]},
+     {"top_k": -2}],
+)
+def test_out_of_bounds_parameters_are_refused(params: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequest):
+        translate.to_sampling(LmiParameters(**params), BOUNDS)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"inputs": 5}, {"inputs": "x", "parameters": {"max_new_tokens": 0}},
+     {"inputs": "x", "parameters": {"do_sample": "yes"}}, {"inputs": "x", "stream": "true"},
+     {"inputs": "x", "parameters": {"temperature": -1}}, {"parameters": {}},
+     {"inputs": "x", "adapters": 3}],
+)
+def test_wrong_types_and_ranges_fail_validation(body: dict[str, Any]) -> None:
+    from protocols._common.http import parse_model
+
+    with pytest.raises(InvalidRequest):
+        parse_model(LmiRequest, body)
+
+
+def test_plan_has_one_request_per_input_with_its_model() -> None:
+    plan = translate.to_plan(
+        lmi({"inputs": ["x", "y"]}), request_id="r", models=["a1", ""], bounds=BOUNDS
+    )
+    assert [r.model for r in plan.requests] == ["a1", ""]
+    assert not plan.single and all(r.protocol == "djl" for r in plan.requests)
+
+
+def test_too_many_or_no_inputs_are_refused() -> None:
+    with pytest.raises(InvalidRequest, match="Too many inputs"):
+        translate.input_texts(lmi({"inputs": ["a", "b", "c", "d"]}), BOUNDS)
+    with pytest.raises(InvalidRequest, match="must not be empty"):
+        translate.input_texts(lmi({"inputs": []}), BOUNDS)
+
+
+def test_streaming_a_list_of_inputs_is_refused() -> None:
+    with pytest.raises(InvalidRequest, match="Streaming"):
+        translate.to_plan(
+            lmi({"inputs": ["x", "y"], "stream": True}), request_id="r", models=["", ""],
+            bounds=BOUNDS,
+        )
+
+
+# ---- responses ----------------------------------------------------------------------------------
+
+def choice(index: int, text: str, ids: tuple[int, ...], reason: FinishReason = FinishReason.LENGTH,
+           stop: str | int | None = None) -> Choice:
+    logprobs = tuple(TokenLogprob(token_id=i, token=f"t{i}", logprob=-0.5) for i in ids)
+    return Choice(index=index, text=text, finish_reason=reason, token_ids=ids, logprobs=logprobs,
+                  matched_stop=stop)
+
+
+def result(*choices: Choice) -> GenerationResult:
+    return GenerationResult(request_id="r", model="", prompt=Started(prompt_token_ids=(1, 2)),
+                            choices=choices, usage=Usage(prompt_tokens=2, completion_tokens=2))
+
+
+def test_single_input_answers_an_object_and_details_follow_lmi() -> None:
+    plan = translate.to_plan(
+        lmi({"inputs": "hi", "parameters": {"details": True, "return_full_text": True}}),
+        request_id="r", models=[""], bounds=BOUNDS,
+    )
+    out = translate.to_response(result(choice(0, " there", (7, 8))), plan)
+    assert out == {
+        "generated_text": "hi there",
+        "details": {
+            "finish_reason": "length", "generated_tokens": 2, "inputs": "hi",
+            "tokens": [{"id": 7, "text": "t7", "log_prob": -0.5},
+                       {"id": 8, "text": "t8", "log_prob": -0.5}],
+        },
+    }
+
+
+def test_list_of_inputs_answers_one_object_per_input_in_order() -> None:
+    plan = translate.to_plan(lmi({"inputs": ["a", "b"]}), request_id="r", models=["", "a1"],
+                             bounds=BOUNDS)
+    out = translate.to_response(result(choice(1, "B", (2,)), choice(0, "A", (1,))), plan)
+    assert out == [{"generated_text": "A"}, {"generated_text": "B"}]
+
+
+@pytest.mark.parametrize(
+    ("reason", "stop", "expected"),
+    [(FinishReason.LENGTH, None, "length"), (FinishReason.STOP, None, "eos_token"),
+     (FinishReason.STOP, "END", "stop_sequence"), (FinishReason.STOP, 2, "eos_token"),
+     (FinishReason.ABORT, None, "abort")],
+)
+def test_finish_reasons(reason: FinishReason, stop: str | int | None, expected: str) -> None:
+    assert translate.finish_reason(reason, stop) == expected
+
+
+def test_stream_lines_put_text_on_the_last_token_and_close_with_generated_text() -> None:
+    plan = translate.to_plan(
+        lmi({"inputs": "hi", "stream": True, "parameters": {"details": True}}), request_id="r",
+        models=[""], bounds=BOUNDS,
+    )
+    encoder = translate.StreamEncoder(plan)
+    first = list(encoder.lines(Delta(choice=0, text="ab", token_ids=(1, 2)), None))
+    last = list(encoder.lines(Delta(choice=0, text="c", token_ids=(3,)),
+                              ChoiceEnd(choice=0, reason=FinishReason.STOP)))
+    lines = [json.loads(x) for x in first + last]
+    assert [line["token"]["text"] for line in lines] == ["", "ab", "c"]
+    assert all(x.endswith(b"\n") and x.count(b"\n") == 1 for x in first + last)
+    assert lines[-1]["generated_text"] == "abc"
+    assert lines[-1]["details"] == {"finish_reason": "eos_token", "generated_tokens": 3,
+                                    "inputs": "hi"}
+    assert "generated_text" not in lines[0]
+    error = json.loads(encoder.error("boom", 424))
+    assert error["details"] == {"finish_reason": "error"} and error["error"] == "boom"
+
+
+# ---- error tables ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("exc", "status", "java_type"),
+    [(InvalidRequest("x"), 400, "BadRequestException"),
+     (AdapterInvalid("x"), 400, "BadRequestException"),
+     (LoraDisabled("LoRA is not enabled."), 400, "BadRequestException"),
+     (AdapterNotFound("x"), 404, "BadRequestException"),
+     (AdapterExists("x"), 409, "IllegalArgumentException"),
+     (AdapterCapacity("No free lora slots"), 507, "BadRequestException"),
+     (Overloaded(), 503, "WlmCapacityException"),
+     (errors.MethodNotAllowed(), 405, "MethodNotAllowedException"),
+     (EngineError("x"), 500, "InternalServerException")],
+)
+def test_management_error_table(exc: Any, status: int, java_type: str) -> None:
+    response = errors.render_management(exc)
+    assert response.status_code == status
+    assert json.loads(response.body) == {"code": status, "type": java_type, "message": exc.message}
+    assert bytes(response.body).endswith(b"}\n")
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "body"),
+    [(AdapterNotFound("Adapter z is not registered"), 424,
+      {"error": "Adapter z is not registered", "code": 424}),
+     (InvalidRequest("bad"), 424, {"error": "bad", "code": 424}),
+     (ModelNotFound("Model or workflow not found: m"), 404,
+      {"code": 404, "type": "ModelNotFoundException", "message": "Model or workflow not found: m"}),
+     (EngineError("died"), 424,
+      {"code": 424, "message": "invoke handler failure", "error": "died"})],
+)
+def test_inference_error_table(exc: Any, status: int, body: dict[str, Any]) -> None:
+    assert errors.inference_error(exc) == (status, body)
+
+
+# ---- routes in process (fake engine) ------------------------------------------------------------
+
+@pytest.fixture
+async def gw() -> AsyncIterator[Any]:
+    gateway = make_gateway(overrides={"LoraConfig": {
+        "adapterDir": str(DEMO / "adapters"), "adapterRoots": [str(DEMO)]}})
+    from server.gateway import register_startup_adapters
+
+    await register_startup_adapters(gateway)
+    yield gateway
+
+
+@pytest.mark.anyio
+async def test_other_methods_get_djl_405(gw: Any) -> None:
+    async with client(gw, "management") as http:
+        for method, path in [("PUT", "/adapters"), ("POST", "/adapters/a1"),
+                             ("GET", "/models/tiny/adapters/a1/update")]:
+            response = await http.request(method, path)
+            assert response.status_code == 405
+            assert response.json()["type"] == "MethodNotAllowedException"
+
+
+@pytest.mark.anyio
+async def test_register_with_json_body_answers_text_and_with_query_djl_json(gw: Any) -> None:
+    src = str(DEMO / "test-adapters")
+    async with client(gw, "management") as http:
+        text = await http.post("/adapters", json={"name": "a4", "src": f"{src}/a4"})
+        djl = await http.post("/adapters", params={"name": "a5", "src": f"{src}/a5"})
+        both = await http.post("/adapters", json={"name": "a6", "src": f"{src}/a6"},
+                               headers={"accept": "application/json",
+                                        "x-amzn-sagemaker-adapter-alias": "six"})
+    assert (text.status_code, text.text) == (200, "Adapter a4 registered")
+    assert djl.text == '{\n  "status": "Adapter a5 registered"\n}\n'
+    assert both.json() == {"status": "Adapter six registered"}
+
+
+@pytest.mark.anyio
+async def test_ping_reports_the_model_healthy(gw: Any) -> None:
+    async with client(gw, "data") as http:
+        response = await http.get("/ping")
+    assert response.status_code == 200
+    assert response.json() == {"tiny": {"status": "Healthy"}}
+
+
+@pytest.mark.anyio
+async def test_ping_is_503_while_draining(gw: Any) -> None:
+    gw.lifecycle.begin_drain()
+    async with client(gw, "data") as http:
+        response = await http.get("/ping")
+    assert response.status_code == 503
