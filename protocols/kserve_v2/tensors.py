@@ -86,8 +86,9 @@ def element_count(shape: Sequence[int]) -> int:
 def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes | None]:
     """Split a request body into (JSON header, binary tensor bytes or None without the header).
 
-    Without the header the whole body is JSON, as in Triton. `0` would announce a "raw binary
-    request" (one input's bytes, no JSON), which this server does not support.
+    Without the header the whole body is JSON, as in Triton. `0` announces a "raw binary request"
+    (one input's bytes, no JSON), which Triton allows only for single-input models; ours have
+    several inputs, so it is refused.
     """
     if header_length is None:
         return body, None
@@ -103,8 +104,8 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes | N
         )
     if length == 0:
         raise InvalidRequest(
-            "raw binary requests (Inference-Header-Content-Length: 0) are not supported; "
-            "send a JSON inference header"
+            "raw binary requests (Inference-Header-Content-Length: 0) are only allowed for a "
+            "model with a single input; send a JSON inference header"
         )
     return body[:length], body[length:]
 
