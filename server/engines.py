@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from server.core.engine import Engine
+from server.core.errors import GatewayError
+from server.core.types import GenerationRequest, OutputOptions, Sampling, TextPrompt
 from server.settings import Settings, SettingsError, resolve_path
 
 if TYPE_CHECKING:
     from server.engine.fake import FakeScript
+
+logger = logging.getLogger("gateway")
 
 # ModelConfig.engineOptions the fake engine understands (FakeScript fields), for tests and benches.
 FAKE_OPTIONS = frozenset({"token_delay_s", "fail_after", "hang_after", "dead_flag_path"})
@@ -42,7 +47,27 @@ async def create_engine(settings: Settings) -> Engine:
         distributed_executor_backend=model.distributedExecutorBackend,
         extra=dict(model.engineOptions),
     )
-    return await create(options)
+    engine = await create(options)
+    await warm_up(engine)
+    return engine
+
+
+async def warm_up(engine: Engine) -> None:
+    """One short generation with logprobs before READY: vLLM compiles its logprobs kernel on first
+    use (2-6 s on these CPUs), which would otherwise stall every stream in that first batch."""
+    request = GenerationRequest(
+        request_id="warm-up",
+        model="",
+        prompt=TextPrompt("warm up"),
+        sampling=Sampling(max_new_tokens=2, temperature=0.0),
+        output=OutputOptions(logprobs=1),
+        protocol="warm-up",
+    )
+    try:
+        async for _ in engine.generate(request, "warm-up-0", None):
+            pass
+    except GatewayError as exc:
+        logger.warning("engine warm-up failed: %s", exc.message)
 
 
 def fake_script(options: dict[str, Any]) -> FakeScript:

@@ -11,7 +11,7 @@ Contract, checked by tests/unit/test_engine_contract.py:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from server.core.types import (
@@ -27,7 +27,7 @@ from server.core.types import (
 class Engine(Protocol):
     def generate(
         self, request: GenerationRequest, engine_request_id: str, adapter: AdapterHandle | None
-    ) -> AsyncIterator[GenerationEvent]: ...
+    ) -> AsyncGenerator[GenerationEvent, None]: ...
 
     async def abort(self, engine_request_id: str) -> None: ...
 

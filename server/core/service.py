@@ -244,7 +244,7 @@ class EventStream:
             self._cancelled = True
             await asyncio.shield(self._service.engine.abort(self.engine_id))
         try:
-            await self._events.aclose()  # type: ignore[attr-defined]
+            await self._events.aclose()
         finally:
             self._service._finish(self, self._adapter, self._usage)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 from server.core.errors import (
@@ -76,7 +76,7 @@ class FakeEngine:
 
     async def generate(
         self, request: GenerationRequest, engine_request_id: str, adapter: AdapterHandle | None
-    ) -> AsyncIterator[GenerationEvent]:
+    ) -> AsyncGenerator[GenerationEvent, None]:
         self.requests.append(request)
         if self.script.reject_with is not None:
             raise self.script.reject_with
