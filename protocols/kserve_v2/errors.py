@@ -1,7 +1,8 @@
 """Triton / KServe v2 errors: one table from domain errors to Triton's status codes.
 
 Body `{"error": "<message>"}` everywhere (Triton's envelope). Triton's own mapping: invalid
-argument → 400, not found → 404, unavailable → 503, internal → 500. Overload is "unavailable" in
+argument → 400, not found → 404, unavailable → 503, internal → 500. A body over the size limit is
+413 (Triton says 400; 413 is what proxies and clients expect for that). Overload is "unavailable" in
 Triton (queue full), so 503 with `Retry-After`. `stopInfer` for an unknown id answers MindIE's
 404 body, which adds `"error_type": "NotFoundError"`. Stream errors after the first event are
 `data: {"error": "..."}` events.
@@ -23,6 +24,7 @@ from server.core.errors import (
     InvalidRequest,
     ModelNotFound,
     Overloaded,
+    PayloadTooLarge,
     RequestNotFound,
     ServiceUnavailable,
     Unauthorized,
@@ -39,6 +41,7 @@ STATUS: dict[type[GatewayError], int] = {
     InvalidRequest: 400,
     Unauthorized: 401,
     ModelNotFound: 404,
+    PayloadTooLarge: 413,
     RequestNotFound: 404,
     AdapterExists: 409,
     ClientDisconnected: 499,

@@ -386,6 +386,34 @@ def test_bad_input_gets_a_triton_error_and_the_engine_keeps_serving(
     assert ok.status_code == 200
 
 
+def test_engine_bounds_are_triton_400s(http: httpx.Client) -> None:
+    cases = [
+        ("/v2/models/tiny/generate", {"text_input": "x", "parameters": {"max_tokens": 100000}}),
+        ("/v2/models/tiny/generate", {"text_input": "word " * 2000}),
+        ("/v2/models/tiny/generate_stream", {"text_input": "word " * 2000}),
+        ("/v2/models/tiny/infer", {"inputs": [{"name": "ids", "shape": [2], "datatype": "UINT32",
+                                               "data": [1, 10**6]}]}),
+    ]
+    for path, body in cases:
+        r = http.post(path, json=body)
+        assert r.status_code == 400, (path, r.text)
+        assert r.headers["content-type"] == "application/json" and r.json()["error"]
+    huge = b'{"text_input": "' + b"a" * (2 << 20) + b'"}'
+    r = http.post("/v2/models/tiny/generate", content=huge)
+    assert r.status_code == 413 and "larger than the limit" in r.json()["error"]
+    ok = http.post("/v2/models/tiny/generate", json={"text_input": "ok", "max_tokens": 1})
+    assert ok.status_code == 200
+
+
+def test_unicode_and_empty_prompts(http: httpx.Client) -> None:
+    for prompt in ("héllo wörld 🦊 — ✓", ""):
+        r = http.post("/v2/models/tiny/generate", json={
+            "text_input": prompt, "parameters": {"max_tokens": 4, "temperature": 0},
+        })
+        assert r.status_code == 200, r.text
+        assert r.json()["text_output"].startswith(prompt)
+
+
 @pytest.mark.parametrize(
     "path",
     ["/v2/models/nope", "/v2/models/nope/config", "/v2/models/nope/ready", "/v2/models/nope/stats",

@@ -521,7 +521,7 @@ def test_stream_folder_closes_an_aborted_stream() -> None:
 @pytest.mark.parametrize(
     ("exc", "status"),
     [
-        (InvalidRequest("x"), 400), (Unsupported("x"), 400), (PayloadTooLarge("x"), 400),
+        (InvalidRequest("x"), 400), (Unsupported("x"), 400), (PayloadTooLarge("x"), 413),
         (ModelNotFound("x"), 404), (AdapterNotFound("x"), 404), (RequestNotFound("x"), 404),
         (Overloaded(), 503), (ServiceUnavailable("x"), 503), (DeadlineExceeded("x"), 504),
         (EngineError("x"), 500),
