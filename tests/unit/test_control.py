@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
 
 from server.core.errors import ServiceUnavailable
-from server.core.lifecycle import Role, State
+from server.core.lifecycle import Lifecycle, Role, State
 from server.core.types import GenerationRequest, Sampling, TextPrompt
 from server.engine.fake import FakeScript
 from server.gateway import Gateway
-from server.runtime import drain
+from server.runtime import SwappableApp, drain
 from tests.unit.gateway_kit import client, make_gateway
 
 pytestmark = pytest.mark.anyio
@@ -386,3 +387,16 @@ async def test_management_and_data_listeners_see_one_state() -> None:
         assert (await management.get("/health")).status_code == 503
         response = await data.get("/health")
     assert response.headers["connection"] == "close"
+
+
+async def test_while_starting_liveness_is_200_and_everything_else_503() -> None:
+    lifecycle = Lifecycle()
+    app = SwappableApp(lifecycle)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        assert (await http.get("/v2/health/live")).status_code == 200
+        for path in ("/v2/health/ready", "/health", "/v1/status", "/health/timed-5"):
+            response = await http.get(path)
+            assert response.status_code == 503, path
+            assert response.headers["retry-after"] == "5"
+            assert response.json()["error_type"] == "Service Unavailable"
