@@ -6,14 +6,15 @@ Protocols whose last stream event must carry the end of generation on the last t
 choice ends with it. Engines yield the last `Delta` and its `ChoiceEnd` back to back (both come
 from the same engine output), so after each `Delta` the next event is fetched in a task and given
 one turn of the event loop: if it is that choice's `ChoiceEnd`, the two are yielded together;
-otherwise the `Delta` goes out alone at once and the fetch keeps running.
+otherwise the `Delta` goes out alone at once and the fetch keeps running. The peek costs a task
+(~8 us), so `may_end` (see `EndCandidates`) skips it for deltas that cannot be the last.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from typing import Any
 
 from server.core.types import ChoiceEnd, Delta, GenerationEvent
@@ -31,8 +32,13 @@ async def _next(events: AsyncIterator[GenerationEvent]) -> GenerationEvent:
 
 async def with_ends(
     events: AsyncIterator[GenerationEvent],
+    may_end: Callable[[Delta], bool] | None = None,
 ) -> AsyncGenerator[GenerationEvent | tuple[Delta, ChoiceEnd], None]:
-    """`events`, where a `Delta` immediately followed by its choice's `ChoiceEnd` is one pair."""
+    """`events`, where a `Delta` immediately followed by its choice's `ChoiceEnd` is one pair.
+
+    Only deltas for which `may_end` is true (all, without it) are peeked; an end after another
+    delta comes alone, as do ends without a token (aborts).
+    """
     following: asyncio.Task[GenerationEvent] | None = None
     try:
         while True:
@@ -42,7 +48,7 @@ async def with_ends(
                 event, following = await following, None
             if event is _END:
                 return
-            if not isinstance(event, Delta):
+            if not isinstance(event, Delta) or (may_end is not None and not may_end(event)):
                 yield event
                 continue
             following = asyncio.ensure_future(_next(events))
@@ -85,3 +91,27 @@ def token_pieces(delta: Delta, token_texts: Callable[[list[int]], list[str]]) ->
     if "".join(pieces) == delta.text:
         return pieces
     return [""] * (len(ids) - 1) + [delta.text]
+
+
+class EndCandidates:
+    """A cheap `may_end` for `with_ends`: a delta may end its choice if it reaches the token limit,
+    holds a stop token (EOS), or the request has stop strings (any token may complete one)."""
+
+    def __init__(
+        self, *, max_new_tokens: int | None, stop_token_ids: Iterable[int | None],
+        stop_strings: bool,
+    ) -> None:
+        self._limit = max_new_tokens
+        self._stop_ids = frozenset(t for t in stop_token_ids if t is not None)
+        self._any = stop_strings
+        self._counts: dict[int, int] = {}
+
+    def __call__(self, delta: Delta) -> bool:
+        count = self._counts.get(delta.choice, 0) + len(delta.token_ids)
+        self._counts[delta.choice] = count
+        return (
+            self._any
+            or not delta.token_ids
+            or (self._limit is not None and count >= self._limit)
+            or not self._stop_ids.isdisjoint(delta.token_ids)
+        )

@@ -21,7 +21,7 @@ from protocols._common import jsonio
 from protocols._common.context import ProtocolContext
 from protocols._common.guard import Endpoint, guarded
 from protocols._common.http import json_response, parse_model, read_body, request_id_header
-from protocols._common.lookahead import with_ends
+from protocols._common.lookahead import EndCandidates, with_ends
 from protocols._common.streaming import StreamResponse, sse_event
 from protocols.mindie import errors, translate
 from protocols.mindie.schema import InferRequest, VllmGenerateRequest
@@ -62,8 +62,12 @@ def infer(ctx: ProtocolContext) -> Endpoint:
         plan = translate.infer_request(body, prompt, request_id=request_id)
         if plan.request.stream:
             events = await ctx.service.start(plan.request)
-            texts = ctx.service.engine.token_texts
-            return _streaming(_infer_events(events, plan, started_at, texts))
+            engine = ctx.service.engine
+            return _streaming(
+                _infer_events(
+                    events, plan, started_at, engine.token_texts, engine.info().eos_token_id
+                )
+            )
         result = await ctx.service.generate(plan.request)
         return json_response(translate.to_infer_response(result, plan))
 
@@ -72,7 +76,7 @@ def infer(ctx: ProtocolContext) -> Endpoint:
 
 def _infer_events(
     events: EventStream, plan: translate.InferPlan, started_at: float,
-    token_texts: Callable[[list[int]], list[str]],
+    token_texts: Callable[[list[int]], list[str]], eos_token_id: int | None,
 ) -> AsyncIterator[bytes]:
     encoder = translate.InferStreamEncoder(
         plan, started_at=started_at, token_texts=token_texts
@@ -88,17 +92,23 @@ def _infer_events(
             return [encoder.final(item, now)]
         return []
 
-    return _guarded_stream(events, encode, sse_event, errors.stream_error)
+    sampling = plan.request.sampling
+    may_end = EndCandidates(
+        max_new_tokens=sampling.max_new_tokens, stop_strings=bool(sampling.stop),
+        stop_token_ids=(eos_token_id,),
+    )
+    return _guarded_stream(events, encode, (sse_event, errors.stream_error), may_end)
 
 
 async def _guarded_stream(
     events: EventStream,
     encode: Callable[[object], list[dict[str, Any]]],
-    frame: Callable[[bytes], bytes],
-    on_error: Callable[[GatewayError], bytes],
+    framing: tuple[Callable[[bytes], bytes], Callable[[GatewayError], bytes]],
+    may_end: Callable[[Delta], bool],
 ) -> AsyncIterator[bytes]:
     """Encode and frame every event; a failure after the first byte becomes an in-band error."""
-    paired = with_ends(events)
+    frame, on_error = framing
+    paired = with_ends(events, may_end)
     try:
         async for item in paired:
             for payload in encode(item):
@@ -139,7 +149,11 @@ def _vllm_chunks(events: EventStream, n: int) -> AsyncIterator[bytes]:
             return [translate.vllm_chunk(delta, n)]
         return []
 
-    return _guarded_stream(events, encode, _nul_framed, errors.chunk_error)
+    return _guarded_stream(events, encode, (_nul_framed, errors.chunk_error), _never)
+
+
+def _never(delta: Delta) -> bool:
+    return False  # chunks carry no end marker: no delta needs pairing with its end
 
 
 def _nul_framed(payload: bytes) -> bytes:

@@ -27,7 +27,7 @@ from protocols._common.http import (
     read_body,
     request_id_header,
 )
-from protocols._common.lookahead import with_ends
+from protocols._common.lookahead import EndCandidates, with_ends
 from protocols._common.streaming import StreamResponse, sse_event
 from protocols.tgi import errors, translate
 from protocols.tgi.schema import GenerateRequest
@@ -136,7 +136,12 @@ async def _sse(
     token_texts: Callable[[list[int]], list[str]],
 ) -> AsyncIterator[bytes]:
     encoder: translate.StreamEncoder | None = None
-    paired = with_ends(events)
+    sampling = events.request.sampling
+    may_end = EndCandidates(
+        max_new_tokens=sampling.max_new_tokens, stop_token_ids=(rendering.eos_token_id,),
+        stop_strings=bool(sampling.stop),
+    )
+    paired = with_ends(events, may_end)
     try:
         async for item in paired:
             if isinstance(item, Started):

@@ -11,7 +11,7 @@ import pytest
 
 from protocols._common import jsonio
 from protocols._common.context import RequestBounds
-from protocols._common.lookahead import with_ends
+from protocols._common.lookahead import EndCandidates, with_ends
 from protocols.tgi import errors, translate
 from protocols.tgi.schema import GenerateRequest
 from server.core.errors import (
@@ -552,3 +552,28 @@ async def test_lookahead_propagates_errors() -> None:
 
     with pytest.raises(EngineError):
         await drain(failing())
+
+
+@pytest.mark.anyio
+async def test_lookahead_only_peeks_deltas_that_may_end() -> None:
+    never = [
+        Delta(choice=0, text="a", token_ids=(1,)),
+        ChoiceEnd(choice=0, reason=FinishReason.STOP),
+    ]
+    items = [item async for item in with_ends(scripted(*never), lambda delta: False)]
+    assert items == never
+
+
+def test_end_candidates_flag_the_limit_stop_tokens_and_stop_strings() -> None:
+    may_end = EndCandidates(max_new_tokens=3, stop_token_ids=(EOS, None), stop_strings=False)
+    assert not may_end(Delta(choice=0, text="a", token_ids=(5, 6)))
+    assert may_end(Delta(choice=0, text="", token_ids=(EOS,)))
+    fresh = EndCandidates(max_new_tokens=3, stop_token_ids=(), stop_strings=False)
+    assert [fresh(Delta(choice=0, text="a", token_ids=(7,))) for _ in range(3)] == [
+        False,
+        False,
+        True,
+    ]
+    assert EndCandidates(max_new_tokens=None, stop_token_ids=(), stop_strings=True)(
+        Delta(choice=0, text="a", token_ids=(7,))
+    )
