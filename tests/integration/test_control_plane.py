@@ -11,8 +11,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from server.healthcheck import main as probe_main
 from tests.integration.traffic import management_client
-from tests.serverproc import RunningServer, running_server
+from tests.serverproc import CERTS, RunningServer, running_server
 
 pytestmark = pytest.mark.server
 
@@ -161,6 +162,21 @@ def wait_for(check: object, timeout: float = 30.0) -> None:
     raise AssertionError("condition not reached")
 
 
+def healthcheck(server: RunningServer, *extra: str) -> int:
+    args = [
+        "--url",
+        f"{server.management_url}/v2/health/live",
+        "--ca",
+        str(CERTS / "ca.pem"),
+        "--cert",
+        str(CERTS / "client.pem"),
+        "--key",
+        str(CERTS / "client.key"),
+        *extra,
+    ]
+    return probe_main(args)
+
+
 def test_dead_engine_turns_every_health_route_and_request_away(tmp_path: Path) -> None:
     flag = tmp_path / "engine-dead"
     overrides = {
@@ -173,6 +189,8 @@ def test_dead_engine_turns_every_health_route_and_request_away(tmp_path: Path) -
             httpx.Client(base_url=server.url, timeout=30) as data,
         ):
             assert management.get("/v2/health/live").status_code == 200
+            assert healthcheck(server) == 0  # the container probe, with the client certificate
+            assert healthcheck(server, "--cert", "") == 1  # mTLS: no certificate, no answer
             flag.touch()
             wait_for(lambda: management.get("/v2/health/live").status_code == 500)
             live = management.get("/v2/health/live").json()
@@ -185,4 +203,5 @@ def test_dead_engine_turns_every_health_route_and_request_away(tmp_path: Path) -
             assert completion(data).status_code == 503
             metrics = httpx.get(f"{server.metrics_url}/metrics").text
             assert 'gateway_lifecycle_state{state="failed"} 1.0' in metrics
+            assert healthcheck(server) == 1
         assert server.stop() == 1  # a failed engine is not a clean exit
