@@ -136,6 +136,14 @@ def test_infer_binary_and_json_encodings_agree(client: triton.InferenceServerCli
     assert text and plain.as_numpy("text_output")[0] == text  # JSON BYTES come back as str
 
 
+def test_infer_accepts_compressed_requests(client: triton.InferenceServerClient) -> None:
+    plain = client.infer("tiny", text_inputs(PROMPT, greedy())).as_numpy("text_output")[0]
+    for algorithm in ("gzip", "deflate"):
+        packed = client.infer("tiny", text_inputs(PROMPT, greedy()),
+                              request_compression_algorithm=algorithm)
+        assert packed.as_numpy("text_output")[0] == plain
+
+
 def test_infer_prepends_the_prompt_unless_excluded(client: triton.InferenceServerClient) -> None:
     excluded = client.infer("tiny", text_inputs(PROMPT, greedy())).as_numpy("text_output")[0]
     full = client.infer("tiny", text_inputs(PROMPT, greedy(), exclude=False))
