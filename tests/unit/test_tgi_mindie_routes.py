@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncGenerator
+from typing import cast
 
 import httpx
 import pytest
@@ -14,7 +16,10 @@ from starlette.routing import Route
 
 from protocols._common.context import ProtocolContext
 from protocols.mindie import routes as mindie
+from protocols.mindie import translate as mindie_translate
 from protocols.tgi import routes as tgi
+from protocols.tgi import translate as tgi_translate
+from protocols.tgi.schema import GenerateRequest, Parameters
 from server.core.adapter_files import AdapterRules, BaseModelShape
 from server.core.adapters import AdapterLimits, AdapterRegistry
 from server.core.lifecycle import Lifecycle
@@ -162,3 +167,29 @@ async def test_tgi_stream_final_event_is_the_last_token() -> None:
     events = frames(response.text)
     assert len(events) == 3 and all(e["generated_text"] is None for e in events[:2])
     assert events[-1]["generated_text"] == "".join(e["token"]["text"] for e in events)
+
+
+@pytest.mark.parametrize("protocol", ["tgi", "mindie"])
+async def test_closing_a_stream_early_aborts_the_engine_request(protocol: str) -> None:
+    """What StreamResponse does when the client goes away: close the producer."""
+    _, engine, service = build(FakeScript(hang_after=2))
+    limits = tgi_translate.Limits(max_input_tokens=511, max_total_tokens=512)
+    body = GenerateRequest(inputs="a b", parameters=Parameters(max_new_tokens=50))
+    plan = tgi_translate.plan(body, limits, stream=True)
+    request = tgi_translate.to_generation_request(plan, [5, 6], request_id="r-x", limits=limits)
+    events = await service.start(request)
+    producer: AsyncGenerator[bytes, None]
+    if protocol == "tgi":
+        rendering = tgi_translate.Rendering(plan=plan, eos_token_id=2)
+        producer = tgi._sse(events, rendering, engine.token_texts)
+    else:
+        infer = mindie_translate.InferPlan(request=request, details=False, seed=None)
+        producer = cast(
+            AsyncGenerator[bytes, None],
+            mindie._infer_events(events, infer, 0.0, engine.token_texts, 2),
+        )
+    assert (await anext(producer)).startswith(b"data: ")
+    await anext(producer)
+    await producer.aclose()
+    assert engine.aborted and service.admission.running == 0
+    assert not service.is_active("r-x")
