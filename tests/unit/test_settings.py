@@ -61,7 +61,8 @@ def test_djl_options_map_onto_engine_settings(tmp_path: Path) -> None:
 
 def test_unknown_key_fails_with_its_path_and_a_fix(tmp_path: Path) -> None:
     config = write_config(tmp_path, {"ServerConfig": {"prot": 8080}})
-    with pytest.raises(SettingsError, match=r"config.json: ServerConfig.prot: .*Fix: remove the key"):
+    pattern = r"config.json: ServerConfig.prot: .*Fix: remove the key"
+    with pytest.raises(SettingsError, match=pattern):
         load_settings(config_path=config, environ={})
 
 

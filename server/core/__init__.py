@@ -1,0 +1,1 @@
+"""Pure domain: types, errors, service, adapters, lifecycle. Standard library only."""
