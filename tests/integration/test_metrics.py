@@ -7,16 +7,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.traffic import management_client, sse_payloads
-from tests.serverproc import RunningServer, running_server
+from tests.serverproc import CERTS, RunningServer, running_server
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -191,3 +193,27 @@ async def test_metrics_json_agrees_with_client_measurements(tmp_path: Path) -> N
     assert (idle["processingInferRequestNum"], idle["waitingInferRequestNum"]) == (0, 0)
     assert busy["processingInferRequestNum"] == 2  # maxConcurrentRequests
     assert busy["remainBlocks"] == 1024
+
+
+def test_the_example_prometheus_scrape_config_works_with_a_mtls_metrics_listener(
+    tmp_path: Path, repo_root: Path
+) -> None:
+    """deploy/prometheus.yml's TLS settings (dev certificates in place of the mounted ones)
+    scrape a metrics listener that requires client certificates; without one, no metrics."""
+    config = yaml.safe_load((repo_root / "deploy" / "prometheus.yml").read_text())
+    job = config["scrape_configs"][0]
+    tls = job["tls_config"]
+    assert job["scheme"] == "https" and job["metrics_path"] == "/metrics"
+    assert tls["server_name"] == "localhost"  # the dev server certificate's name
+    overrides = {"ServerConfig": {"metricsHttpsEnabled": True}}
+    with running_server(tmp_path, engine="fake", overrides=overrides) as server:
+        url = f"https://127.0.0.1:{server.metrics_port}{job['metrics_path']}"
+        context = ssl.create_default_context(cafile=str(CERTS / "ca.pem"))
+        context.load_cert_chain(str(CERTS / "client.pem"), str(CERTS / "client.key"))
+        response = httpx.get(url, verify=context, timeout=30)
+        assert response.status_code == 200
+        names = {f.name for f in text_string_to_metric_families(response.text)}
+        assert "gateway_http_requests" in names
+        anonymous = ssl.create_default_context(cafile=str(CERTS / "ca.pem"))
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(url, verify=anonymous, timeout=30)

