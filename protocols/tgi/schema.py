@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 Unsigned = Annotated[int, Field(strict=True, ge=0)]
+U64 = Annotated[int, Field(strict=True, ge=0, le=2**64 - 1)]
 Signed = Annotated[int, Field(strict=True)]
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
@@ -37,7 +38,7 @@ class Parameters(BaseModel):
     watermark: StrictBool | None = None
     details: StrictBool | None = None
     decoder_input_details: StrictBool | None = None
-    seed: Unsigned | None = None
+    seed: U64 | None = None
     top_n_tokens: Unsigned | None = None
     grammar: dict[str, Any] | None = None
     adapter_id: StrictStr | None = None
