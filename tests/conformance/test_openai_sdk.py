@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,6 +107,18 @@ def test_chat_response_echoes_adapter_and_has_vllm_fields(http: httpx.Client) ->
         "function_call",
         "reasoning",
     }
+
+
+def test_sagemaker_invocations_take_the_adapter_header(http: httpx.Client) -> None:
+    headers = {"X-Amzn-SageMaker-Adapter-Identifier": "a3"}
+    chat = http.post("/invocations", headers=headers, json={"messages": MESSAGES, "max_tokens": 2})
+    assert (chat.status_code, chat.json()["object"], chat.json()["model"]) == (
+        200,
+        "chat.completion",
+        "a3",
+    )
+    completion = http.post("/invocations", json={"prompt": PROMPT, "max_tokens": 2})
+    assert (completion.json()["object"], completion.json()["model"]) == ("text_completion", "tiny")
 
 
 # ---- stream / non-stream parity, usage ----------------------------------------------------------
@@ -386,12 +399,9 @@ def test_runtime_lora_routes_are_also_on_the_management_listener(
     live_server: RunningServer, client: OpenAI
 ) -> None:
     name = "openai-conf-mgmt"
-    with httpx.Client(
-        base_url=live_server.management_url,
-        verify=str(CERTS / "ca.pem"),
-        cert=(str(CERTS / "client.pem"), str(CERTS / "client.key")),
-        timeout=60,
-    ) as management:
+    tls = ssl.create_default_context(cafile=str(CERTS / "ca.pem"))
+    tls.load_cert_chain(str(CERTS / "client.pem"), str(CERTS / "client.key"))  # mTLS plane
+    with httpx.Client(base_url=live_server.management_url, verify=tls, timeout=60) as management:
         body = {"lora_name": name, "lora_path": str(TEST_ADAPTERS / "a6")}
         loaded = management.post("/v1/load_lora_adapter", json=body)
         assert (loaded.status_code, loaded.text) == (

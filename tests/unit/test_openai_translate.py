@@ -4,6 +4,7 @@ models, so whatever vLLM clients read, they can read from us."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -52,6 +53,7 @@ from server.core.types import (
     Usage,
 )
 from server.engine.fake import FakeEngine, FakeScript
+from tests.unit.test_adapters import write_adapter
 
 BOUNDS = RequestBounds(max_n=4, max_stop_sequences=2, max_logprobs=5, max_prompts=3)
 META = translate.ReplyMeta(id="chatcmpl-abc", created=1730000000, model="a1")
@@ -654,13 +656,17 @@ def test_load_error_mapping_follows_vllm() -> None:
 # ---- routes in process on the fake engine -----------------------------------------------------
 
 
-def make_context(engine: FakeEngine | None = None, *, runtime_lora: bool = True) -> ProtocolContext:
+def make_context(
+    engine: FakeEngine | None = None, *, runtime_lora: bool = True, root: Path | None = None
+) -> ProtocolContext:
     engine = engine or FakeEngine(model_name="tiny")
     lifecycle = Lifecycle()
     lifecycle.ready()
     registry = AdapterRegistry(
         engine=engine,
-        rules=AdapterRules(roots=(str(Path.cwd()),), max_rank=8, base_names=frozenset({"tiny"})),
+        rules=AdapterRules(
+            roots=(str(root or Path.cwd()),), max_rank=8, base_names=frozenset({"tiny"})
+        ),
         limits=AdapterLimits(enabled=True, max_loras=2, max_cpu_loras=4),
     )
     service = InferenceService(
@@ -887,3 +893,36 @@ async def test_runtime_lora_refusals_without_touching_the_engine(
         "param": None,
         "code": 404,
     }
+
+
+@pytest.mark.anyio
+async def test_load_serves_the_adapter_and_unload_frees_its_engine_slot(tmp_path: Path) -> None:
+    engine = FakeEngine(model_name="tiny")
+    write_adapter(tmp_path / "x1")
+    async with await client_for(make_context(engine, root=tmp_path)) as http:
+        body = {"lora_name": "x1", "lora_path": str(tmp_path / "x1")}
+        loaded = await http.post("/v1/load_lora_adapter", json=body)
+        assert (loaded.status_code, loaded.text) == (
+            200,
+            "Success: LoRA adapter 'x1' added successfully.",
+        )
+        assert loaded.headers["content-type"].startswith("text/plain")
+        assert [h.name for h in engine.adapters.values()] == ["x1"]
+        answer = await http.post("/v1/completions", json={"model": "x1", "prompt": "a"})
+        assert answer.json()["model"] == "x1"
+        models = (await http.get("/v1/models")).json()["data"]
+        assert [(m["id"], m["parent"]) for m in models] == [("tiny", None), ("x1", "tiny")]
+        again = await http.post("/v1/load_lora_adapter", json=body)
+        assert again.json()["error"]["type"] == "InvalidUserInput"
+        gone = await http.post("/v1/unload_lora_adapter", json={"lora_name": "x1"})
+        assert (gone.status_code, gone.text) == (
+            200,
+            "Success: LoRA adapter 'x1' removed successfully.",
+        )
+        for _ in range(100):  # the engine copy goes as soon as no request uses it
+            if not engine.adapters:
+                break
+            await asyncio.sleep(0)
+        assert engine.adapters == {}
+        missing = await http.post("/v1/completions", json={"model": "x1", "prompt": "a"})
+        assert missing.status_code == 404
