@@ -135,6 +135,8 @@ class VllmEngineOptions:
             "distributed_executor_backend": self.distributed_executor_backend,
             "disable_log_stats": False,
         }
+        if self.enable_lora:  # base tokens in mixed LoRA batches on CPU: see vllm_cpu_fix.py
+            kwargs["worker_extension_cls"] = "server.engine.vllm_cpu_fix.CpuLoraFix"
         kwargs.update(self.extra)
         return kwargs
 
