@@ -58,15 +58,21 @@ def _scalar(value: str) -> Any:
         return value
 
 
-def engine_environment(kv_cache_gib: int) -> dict[str, str]:
-    """vLLM reads these at import; defaults suited to CPU hosts, never overriding the operator."""
-    return {
+def engine_environment(kv_cache_gib: int, *, json_logs: bool = False) -> dict[str, str]:
+    """vLLM reads these at import; defaults suited to CPU hosts, never overriding the operator.
+
+    With JSON logs, vLLM leaves its loggers to ours, so its lines are JSON with the request id
+    too (the engine-core child process then logs only warnings, in plain text)."""
+    env = {
         "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
         "VLLM_HOST_IP": "127.0.0.1",
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_DO_NOT_TRACK": "1",
     }
+    if json_logs:
+        env["VLLM_CONFIGURE_LOGGING"] = "0"
+    return env
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,7 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     settings = loaded.settings
     configure_logging(settings.LoggingConfig)
-    for key, value in engine_environment(settings.ModelConfig.kvCacheSpaceGiB).items():
+    json_logs = settings.LoggingConfig.json_format
+    for key, value in engine_environment(
+        settings.ModelConfig.kvCacheSpaceGiB, json_logs=json_logs
+    ).items():
         os.environ.setdefault(key, value)
     logger.info("settings: %s", redacted(settings))
     logger.info("set from sources: %s", loaded.provenance)
