@@ -121,10 +121,13 @@ E2E_BUCKETS = (
 access_logger = logging.getLogger("gateway.access")
 
 
+_KNOWN = frozenset(PROTOCOLS)
+
+
 def protocol_label(name: str) -> str:
     """The closed-set protocol label of a protocol or package name."""
     label = _ALIASES.get(name, name)
-    return label if label in PROTOCOLS else "other"
+    return label if label in _KNOWN else "other"
 
 
 def error_types() -> frozenset[str]:

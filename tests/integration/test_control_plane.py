@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from server.healthcheck import main as probe_main
 from tests.integration.traffic import management_client
-from tests.serverproc import CERTS, RunningServer, running_server
+from tests.serverproc import CERTS, RunningServer, free_port, running_server
 
 pytestmark = pytest.mark.server
 
@@ -205,3 +205,27 @@ def test_dead_engine_turns_every_health_route_and_request_away(tmp_path: Path) -
             assert 'gateway_lifecycle_state{state="failed"} 1.0' in metrics
             assert healthcheck(server) == 1
         assert server.stop() == 1  # a failed engine is not a clean exit
+
+
+def test_one_shared_port_serves_data_control_and_metrics(tmp_path: Path) -> None:
+    """MindIE lets the three listeners share an address: one socket then serves all routes,
+    each protocol keeping its own health shape."""
+    port = free_port()
+    overrides = {
+        "ServerConfig": {
+            "port": port,
+            "managementPort": port,
+            "metricsPort": port,
+            "managementHttpsEnabled": False,
+        }
+    }
+    with running_server(tmp_path, engine="fake", overrides=overrides) as server:
+        assert server.management_port == server.data_port == server.metrics_port
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            assert http.get("/v1/status").json()["gateway"]["state"] == "ready"
+            assert "gateway_http_requests_total" in http.get("/metrics").text
+            assert completion(http).status_code == 200
+            assert http.get("/health").content == b""  # TGI's /health, not MindIE's
+            assert http.get("/health/timed-5").json() == {"status": "healthy"}
+        log = server.log()
+    assert log.count("Uvicorn running on") == 1

@@ -226,8 +226,8 @@ async def test_status_is_503_once_stopping_or_failed(state: State) -> None:
 
 async def test_config_has_mindie_fields_and_redacts_secrets() -> None:
     gateway = make_gateway(overrides={"SecurityConfig": {"apiKeys": ["sk-very-secret"]}})
-    async with client(gateway) as http:
-        response = await http.get("/v1/config")
+    async with client(gateway) as http:  # with keys set, control routes want one (security.py)
+        response = await http.get("/v1/config", headers={"authorization": "Bearer sk-very-secret"})
     body = response.json()
     assert {"modelName", "maxSeqLen", "worldSize", "maxOutputLen", "cacheBlockSize"} <= set(body)
     assert body["modelName"] == "tiny"
@@ -400,3 +400,12 @@ async def test_while_starting_liveness_is_200_and_everything_else_503() -> None:
             assert response.status_code == 503, path
             assert response.headers["retry-after"] == "5"
             assert response.json()["error_type"] == "Service Unavailable"
+
+
+async def test_role_change_leaves_in_flight_requests_running() -> None:
+    gateway = make_gateway(FakeScript(token_delay_s=0.005))
+    work = asyncio.create_task(gateway.service.generate(request("in-flight", tokens=20)))
+    await asyncio.sleep(0.02)
+    async with client(gateway) as http:
+        assert (await http.post("/v1/role/decode")).status_code == 200
+    assert (await work).usage.completion_tokens == 20
