@@ -7,13 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.serverproc import RunningServer, running_server
+from tests.serverproc import RunningServer, demo_workflow, running_server
 
 
 @pytest.fixture(scope="session")
 def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """The gateway on the demo model with the real vLLM engine, shared by the whole session."""
-    with running_server(tmp_path_factory.mktemp("live")) as server:
+    """The gateway on the demo model with the real vLLM engine, shared by the whole session.
+    It also serves the DJL workflow `tiny-a2` (base + a2)."""
+    folder = tmp_path_factory.mktemp("live")
+    workflows = {"LoraConfig": {"workflows": [str(demo_workflow(folder / "workflow"))]}}
+    with running_server(folder, overrides=workflows) as server:
         yield server
 
 

@@ -112,6 +112,22 @@ def base_config(engine: str = "vllm") -> dict[str, Any]:
     }
 
 
+DEMO_WORKFLOW = "tiny-a2"  # a DJL workflow endpoint: the base model with adapter a2
+
+
+def demo_workflow(folder: Path) -> Path:
+    """Write DJL's adapter workflow.json (base model + a2) into `folder`; returns its path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "workflow.json"
+    path.write_text(json.dumps({
+        "name": DEMO_WORKFLOW, "version": "0.1",
+        "models": {"m": str(DEMO / "model")},
+        "configs": {"adapters": {"a2": {"model": "m", "src": str(DEMO / "adapters" / "a2")}}},
+        "workflow": {"out": ["adapter", "a2", "in"]},
+    }, indent=2))
+    return path
+
+
 def merge(config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(config.get(key), dict):
