@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,8 +129,10 @@ def _check_model(models: Any, key: Any, folder: Path, base: ServedBase) -> None:
 
 
 def _relative_to(location: str, folder: Path) -> str:
+    """`location` from `folder`, with `..` folded away (the operator wrote this file; the
+    registry still resolves symlinks and checks the allowed roots)."""
     path = Path(location)
-    return str(path if path.is_absolute() else folder / path)
+    return os.path.normpath(path if path.is_absolute() else folder / path)
 
 
 async def register_workflows(registry: AdapterRegistry, specs: list[WorkflowSpec]) -> None:
