@@ -365,3 +365,16 @@ async def test_ping_is_503_while_draining(gw: Any) -> None:
     async with client(gw, "data") as http:
         response = await http.get("/ping")
     assert response.status_code == 503
+
+
+@pytest.mark.anyio
+async def test_lora_disabled_answers_400_on_every_adapter_route() -> None:
+    gateway = make_gateway(overrides={"LoraConfig": {"enabled": False}})
+    async with client(gateway, "management") as http:
+        for method, path in [("GET", "/adapters"), ("POST", "/adapters?name=a&src=/x"),
+                             ("GET", "/models/tiny/adapters/a1"), ("DELETE", "/adapters/a1"),
+                             ("POST", "/adapters/a1/update")]:
+            response = await http.request(method, path)
+            assert response.status_code == 400
+            assert response.json() == {"code": 400, "type": "BadRequestException",
+                                       "message": "LoRA is not enabled."}
