@@ -184,7 +184,7 @@ async def test_metrics_json_agrees_with_client_measurements(tmp_path: Path) -> N
             gaps = [g for _, request_gaps in measured for g in request_gaps]
             client_tbt_ms = sum(gaps) / len(gaps) * 1000
             idle = metrics_json(server)
-            load = [asyncio.create_task(timed_stream(http, 60)) for _ in range(5)]
+            load = [asyncio.create_task(timed_stream(http, 30)) for _ in range(5)]
             busy = await asyncio.wait_for(until_queued(server, 3), 30)
             await asyncio.gather(*load)
     assert 0 <= idle["TTFT"] <= client_ttft_ms
