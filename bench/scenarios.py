@@ -1,0 +1,461 @@
+"""The four scenarios of `make bench`, each a sequence of server sessions and measurement windows.
+
+A  gateway vs vLLM's own OpenAI server, same engine flags, demo model, prompts, fixed output
+   length; the arms alternate at the server level (vLLM, gateway, vLLM, gateway, ...), each
+   session warm-up first and then several windows of every workload, so that restarts (~30 s
+   each) do not eat the time budget. Pairs are formed window by window in that order.
+B  protocol-layer ceiling: gateway on the zero-delay FakeEngine vs a bare Starlette + uvicorn
+   endpoint replaying the gateway's own bytes; plain, mutual TLS, and metrics off; per protocol.
+   Server pinned to CPU 0, load generator to CPU 1.
+C  multi-LoRA on the gateway: base, 1 adapter, 8 adapters (max_loras=8), 64 adapters
+   (max_loras=8: LRU churn), and the cold-vs-warm cost of one adapter.
+D  scaling on both servers: concurrency 1-64, prompt length 16-1024, and an open-loop rate sweep.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvloop
+
+from bench.http import Connection, Target
+from bench.load import Workload
+from bench.prompts import prompt_set
+from bench.protocols import PROTOCOLS, Ask
+from bench.record import RESULTS, Run
+from bench.servers import (
+    DEMO,
+    EngineSettings,
+    Server,
+    start_bare,
+    start_gateway,
+    start_vllm,
+)
+from bench.tools import Profiler, top_functions, vllm_bench_serve
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """How much of each scenario to run (`--quick` shrinks everything for development)."""
+
+    a_rounds: int = 3
+    a_reps: int = 2
+    a_requests: int = 200
+    a_concurrency: int = 16
+    a_prompt_len: int = 32
+    a_max_tokens: int = 16
+    a_warmup: int = 32
+    crosscheck: bool = True
+    profile: bool = True
+    profile_s: float = 8.0
+    b_rounds: int = 2
+    b_window_s: float = 1.5
+    b_concurrency: int = 32
+    b_stream_tokens: int = 64
+    c_reps: int = 2
+    c_requests: int = 160
+    c_single: int = 24
+    d_concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    d_prompt_lens: tuple[int, ...] = (16, 64, 256, 1024)
+    d_rates: tuple[float, ...] = (25.0, 50.0, 100.0, 200.0)
+    d_rate_window_s: float = 3.0
+    d_max_tokens: int = 32
+
+
+QUICK = Plan(
+    a_rounds=1,
+    a_reps=1,
+    a_requests=64,
+    a_warmup=8,
+    crosscheck=False,
+    profile_s=2.0,
+    b_rounds=1,
+    b_window_s=0.5,
+    c_reps=1,
+    c_requests=48,
+    c_single=6,
+    d_concurrency=(1, 16, 64),
+    d_prompt_lens=(16, 1024),
+    d_rates=(50.0,),
+    d_rate_window_s=1.0,
+)
+
+B_PROTOCOLS = ("openai-chat", "tgi", "triton", "mindie", "djl")
+
+
+@contextlib.contextmanager
+def session(server: Server, run: Run, scenario: str, arm: str, **tags: Any) -> Iterator[Server]:
+    """A server's lifetime: yield it for windows, record memory and config, always stop it."""
+    try:
+        yield server
+        run.session(server, scenario, arm, **tags)
+    finally:
+        server.stop()
+
+
+def start_arm(arm: str, name: str, run: Run, engine: EngineSettings) -> Server:
+    print(f"  starting {name} ...", flush=True)
+    if arm == "vllm":
+        return start_vllm(name, run.logs, engine)
+    return start_gateway(name, run.logs, engine="vllm", engine_settings=engine)
+
+
+# -- A ---------------------------------------------------------------------------------------
+
+A_WORKLOADS = (
+    ("chat-stream", "openai-chat", True),
+    ("completions", "openai-completions", False),
+    ("completions-stream", "openai-completions", True),
+)
+
+
+def scenario_a(run: Run, plan: Plan) -> None:
+    engine = EngineSettings()
+    run.note("engine", scenario="A", **_engine_note(engine))
+    prompts = prompt_set(plan.a_prompt_len, 128, engine.model)
+    last = plan.a_rounds - 1
+    for rnd in range(plan.a_rounds):
+        for arm in ("vllm", "gateway"):
+            name = f"A-{arm}-r{rnd}"
+            with session(start_arm(arm, name, run, engine), run, "A", arm, round=rnd) as server:
+                for rep in range(plan.a_reps):
+                    for label, protocol, stream in A_WORKLOADS:
+                        workload = Workload(
+                            protocol=protocol,
+                            stream=stream,
+                            max_tokens=plan.a_max_tokens,
+                            prompts=prompts,
+                            concurrency=plan.a_concurrency,
+                            requests=plan.a_requests,
+                            warmup=plan.a_warmup,
+                            prompt_len=plan.a_prompt_len,
+                        )
+                        run.window("A", arm, server, workload, label, round=rnd, rep=rep)
+                if rnd == last and plan.crosscheck:
+                    crosscheck(run, server, arm, engine, plan, prompts)
+                if rnd == last and plan.profile:
+                    profile(run, server, arm, plan, prompts)
+
+
+def crosscheck(
+    run: Run, server: Server, arm: str, engine: EngineSettings, plan: Plan, prompts: tuple[str, ...]
+) -> None:
+    """vLLM's serving benchmark and our OpenAI client, same target and load, back to back."""
+    result = vllm_bench_serve(
+        server,
+        run.dir / "vllm-bench",
+        f"{arm}",
+        model_dir=engine.model,
+        served_name=engine.served_name,
+        requests=plan.a_requests,
+        concurrency=plan.a_concurrency,
+        input_len=plan.a_prompt_len,
+        output_len=plan.a_max_tokens,
+    )
+    ours = run.window(
+        "X",
+        arm,
+        server,
+        Workload(
+            protocol="openai-completions",
+            stream=True,
+            max_tokens=plan.a_max_tokens,
+            prompts=prompts,
+            concurrency=plan.a_concurrency,
+            requests=plan.a_requests,
+            warmup=16,
+            prompt_len=plan.a_prompt_len,
+        ),
+        "ours-completions-stream",
+    )
+    keys = (
+        "request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
+        "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "median_e2el_ms", "completed",
+        "failed", "duration",
+    )  # fmt: skip
+    theirs = {k: result.get(k) for k in keys} if result else None
+    run.note("crosscheck", arm=arm, vllm_bench=theirs, ours=ours)
+
+
+def profile(run: Run, server: Server, arm: str, plan: Plan, prompts: tuple[str, ...]) -> None:
+    """py-spy on the front-end process during one extra streaming-chat window (not in ratios)."""
+    workload = Workload(
+        protocol="openai-chat",
+        stream=True,
+        max_tokens=plan.a_max_tokens,
+        prompts=prompts,
+        concurrency=plan.a_concurrency,
+        requests=100_000,
+        duration_s=plan.profile_s,
+        warmup=16,
+        prompt_len=plan.a_prompt_len,
+    )
+    profiled(run, server, "A", arm, workload, "chat-stream")
+
+
+def profiled(
+    run: Run, server: Server, scenario: str, arm: str, workload: Workload, label: str
+) -> None:
+    """One extra window under py-spy (scenario "P", never used in ratios)."""
+    out = run.dir / "profiles" / f"{scenario}-{arm}-{label}.collapsed.txt"
+    with Profiler(server.pid, out, workload.duration_s):
+        time.sleep(0.3)
+        run.window("P", arm, server, workload, f"{scenario}-{label}")
+    run.note(
+        "profile", scenario=scenario, arm=arm, label=label, file=str(out), top=top_functions(out)
+    )
+
+
+def _engine_note(engine: EngineSettings) -> dict[str, Any]:
+    return {
+        "settings": engine.describe(),
+        "vllm_argv": engine.vllm_args(),
+        "gateway_config": engine.gateway_sections(),
+        "env": engine.env(),
+    }
+
+
+# -- B ---------------------------------------------------------------------------------------
+
+B_VARIANTS: tuple[tuple[str, dict[str, bool]], ...] = (
+    ("gateway", {"tls": False, "metrics": True}),
+    ("bare", {"tls": False}),
+    ("gateway-tls", {"tls": True, "metrics": True}),
+    ("bare-tls", {"tls": True}),
+    ("gateway-nometrics", {"tls": False, "metrics": False}),
+)
+
+
+def scenario_b(run: Run, plan: Plan) -> None:
+    prompts = prompt_set(32, 64, str(DEMO / "model"))
+    capture = run.dir / "b-capture.json"
+    client_cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {1})
+    run.note("placement", scenario="B", server_cpus=[0], client_cpus=[1])
+    try:
+        for rnd in range(plan.b_rounds):
+            for variant, options in B_VARIANTS:
+                server = _start_b(variant, options, run, rnd, capture)
+                with session(server, run, "B", variant, round=rnd):
+                    if not capture.exists():
+                        capture_bytes(server, prompts, plan, capture)
+                    for protocol in B_PROTOCOLS:
+                        for stream in (False, True):
+                            workload = _b_workload(protocol, stream, prompts, plan)
+                            label = f"{protocol}-{'stream' if stream else 'whole'}"
+                            run.window("B", variant, server, workload, label, round=rnd)
+                    if plan.profile and rnd == plan.b_rounds - 1 and variant == "gateway":
+                        for stream in (False, True):
+                            workload = replace(
+                                _b_workload("openai-chat", stream, prompts, plan),
+                                duration_s=plan.profile_s / 2,
+                            )
+                            label = f"openai-chat-{'stream' if stream else 'whole'}"
+                            profiled(run, server, "B", variant, workload, label)
+    finally:
+        os.sched_setaffinity(0, client_cpus)
+
+
+def _start_b(variant: str, options: dict[str, bool], run: Run, rnd: int, capture: Path) -> Server:
+    name = f"B-{variant}-r{rnd}"
+    tls = options["tls"]
+    if variant.startswith("bare"):
+        return start_bare(name, run.logs, capture, tls=tls, cpus={0})
+    return start_gateway(
+        name, run.logs, engine="fake", tls=tls, metrics=options["metrics"], cpus={0}
+    )
+
+
+def _b_workload(protocol: str, stream: bool, prompts: tuple[str, ...], plan: Plan) -> Workload:
+    return Workload(
+        protocol=protocol,
+        stream=stream,
+        max_tokens=plan.b_stream_tokens if stream else 16,
+        prompts=prompts[:1],  # the bare arm replays one captured answer; same request here
+        concurrency=plan.b_concurrency,
+        requests=10_000_000,
+        duration_s=plan.b_window_s,
+        warmup=64,
+        prompt_len=32,
+    )
+
+
+def capture_bytes(server: Server, prompts: tuple[str, ...], plan: Plan, out: Path) -> None:
+    """The gateway's exact answers (status 200) for every B request, for the bare arm."""
+
+    async def grab() -> dict[str, dict[str, dict[str, Any]]]:
+        connection = Connection(Target.parse(server.url, server.tls))
+        captured: dict[str, dict[str, dict[str, Any]]] = {}
+        for name in B_PROTOCOLS:
+            protocol = PROTOCOLS[name]
+            for stream in (False, True):
+                workload = _b_workload(name, stream, prompts, plan)
+                ask: Ask = workload.ask(0)
+                response = await connection.request(
+                    "POST", protocol.path(ask), protocol.encode(ask)
+                )
+                body = await response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"{name} answered {response.status}: {body[:200]!r}")
+                entry: dict[str, Any] = {"content_type": response.headers.get("content-type", "")}
+                if stream:
+                    delimiter = protocol.delimiter
+                    events = [e + delimiter for e in body.split(delimiter) if e.strip(b"\n\0")]
+                    entry["events"] = [base64.b64encode(e).decode() for e in events]
+                else:
+                    entry["body"] = base64.b64encode(body).decode()
+                captured.setdefault(protocol.path(ask), {})["stream" if stream else "whole"] = entry
+        await connection.close()
+        return captured
+
+    out.write_text(json.dumps(uvloop.run(grab()), indent=1))
+
+
+# -- C ---------------------------------------------------------------------------------------
+
+
+def lora_copies(count: int, source: Path, folder: Path, prefix: str = "c") -> list[str]:
+    """`count` adapters named c00.. (copies of the demo adapter a1: same size, own identity)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = [f"{prefix}{i:02d}" for i in range(count)]
+    for name in names:
+        target = folder / name
+        if not target.exists():
+            shutil.copytree(source, target)
+    return names
+
+
+def scenario_c(run: Run, plan: Plan) -> None:
+    folder = RESULTS / "adapters-c"
+    names = lora_copies(64, DEMO / "adapters" / "a1", folder)
+    engine = EngineSettings(max_loras=8, max_cpu_loras=8, adapter_dir=str(folder))
+    run.note("engine", scenario="C", **_engine_note(engine))
+    prompts = prompt_set(32, 128, engine.model)
+    mixes = (
+        ("base", ("tiny",)),
+        ("1-adapter", tuple(names[:1])),
+        ("8-adapters", tuple(names[:8])),
+        ("64-adapters", tuple(names)),
+    )
+    server = start_arm("gateway", "C-gateway", run, engine)
+    with session(server, run, "C", "gateway"):
+        for rep in range(plan.c_reps):
+            for label, models in mixes:
+                workload = Workload(
+                    protocol="openai-completions",
+                    stream=True,
+                    max_tokens=16,
+                    prompts=prompts,
+                    models=models,
+                    concurrency=16,
+                    requests=plan.c_requests,
+                    warmup=16 if label != "64-adapters" else 0,
+                    prompt_len=32,
+                )
+                run.window("C", "gateway", server, workload, label, rep=rep)
+        cold_and_warm(run, server, names, prompts, plan)
+        registration_cost(run, server, folder)
+
+
+def cold_and_warm(
+    run: Run, server: Server, names: list[str], prompts: tuple[str, ...], plan: Plan
+) -> None:
+    """One request at a time: base; one adapter again and again (warm, after 4 to settle);
+    then each of `c_single` adapters once, none among the 8 most recently used (cold)."""
+    single = _c_single(prompts, ("tiny",), plan.c_single)
+    run.window("C", "gateway", server, single, "single-base")
+    warm = _c_single(prompts, (names[0],), plan.c_single + 4)
+    run.window("C", "gateway", server, warm, "single-warm-adapter")
+    cold = _c_single(prompts, tuple(names[10 : 10 + plan.c_single]), plan.c_single)
+    run.window("C", "gateway", server, cold, "single-cold-adapter")
+
+
+def _c_single(prompts: tuple[str, ...], models: tuple[str, ...], count: int) -> Workload:
+    return Workload(
+        protocol="openai-completions",
+        stream=True,
+        max_tokens=16,
+        prompts=prompts,
+        models=models,
+        concurrency=1,
+        requests=count,
+        prompt_len=32,
+    )
+
+
+def registration_cost(run: Run, server: Server, folder: Path) -> None:
+    """DJL's register call (`preload=true`: validated and loaded) for fresh adapters, timed."""
+    names = lora_copies(5, DEMO / "adapters" / "a1", folder.parent / "adapters-c-new", "n")
+    timings: list[float] = []
+    errors: list[str] = []
+    with httpx.Client(base_url=server.management_url or server.url, timeout=60) as client:
+        for name in names:
+            src = str(folder.parent / "adapters-c-new" / name)
+            t0 = time.perf_counter()
+            response = client.post(
+                "/models/tiny/adapters", params={"name": name, "src": src, "preload": "true"}
+            )
+            elapsed = time.perf_counter() - t0
+            if response.status_code == 200:
+                timings.append(elapsed * 1000)
+            else:
+                errors.append(f"{response.status_code} {response.text[:120]}")
+    run.note("registration", scenario="C", ms=timings, errors=errors)
+
+
+# -- D ---------------------------------------------------------------------------------------
+
+
+def scenario_d(run: Run, plan: Plan) -> None:
+    longest = max(plan.d_prompt_lens) + plan.d_max_tokens
+    context = 512 if longest <= 512 else 2048
+    engine = EngineSettings(max_model_len=context, allow_long_context=context > 512)
+    run.note("engine", scenario="D", **_engine_note(engine))
+    prompt_sets = {n: prompt_set(n, 64, engine.model, seed=n) for n in (64, *plan.d_prompt_lens)}
+    for arm in ("vllm", "gateway"):
+        with session(start_arm(arm, f"D-{arm}", run, engine), run, "D", arm) as server:
+            for concurrency in plan.d_concurrency:
+                workload = _d_workload(prompt_sets[64], plan, concurrency=concurrency)
+                requests = min(max(32, 8 * concurrency), 512)
+                workload = replace(workload, requests=requests, prompt_len=64)
+                run.window("D", arm, server, workload, f"concurrency-{concurrency}")
+            for length in plan.d_prompt_lens:
+                workload = replace(
+                    _d_workload(prompt_sets[length], plan, concurrency=16), prompt_len=length
+                )
+                run.window("D", arm, server, workload, f"prompt-{length}")
+            for rate in plan.d_rates:
+                workload = replace(
+                    _d_workload(prompt_sets[64], plan, concurrency=256),
+                    rate=rate,
+                    requests=int(rate * plan.d_rate_window_s),
+                    duration_s=plan.d_rate_window_s + 30,
+                    prompt_len=64,
+                )
+                run.window("D", arm, server, workload, f"rate-{rate:g}")
+
+
+def _d_workload(prompts: tuple[str, ...], plan: Plan, *, concurrency: int) -> Workload:
+    return Workload(
+        protocol="openai-completions",
+        stream=True,
+        max_tokens=plan.d_max_tokens,
+        prompts=prompts,
+        concurrency=concurrency,
+        requests=128,
+        duration_s=30.0,
+        warmup=min(concurrency, 16),
+    )
+
+
+SCENARIOS = {"a": scenario_a, "b": scenario_b, "c": scenario_c, "d": scenario_d}
