@@ -385,6 +385,8 @@ def same_through_every_protocol(data: httpx.Client, adapter: str, workflow: str)
         "triton": data.post(f"/v2/models/{adapter}/generate", json={
             "text_input": PROMPT, "max_tokens": TOKENS, "temperature": 0,
             "exclude_input_in_output": True}).json()["text_output"],
+        "mindie vllm /generate": data.post("/generate", json={
+            **openai, "model": adapter}).json()["text"][0].removeprefix(PROMPT + " "),
     }
     return texts
 
