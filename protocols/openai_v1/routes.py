@@ -24,6 +24,7 @@ from starlette.routing import BaseRoute, Route
 from protocols._common.context import ProtocolContext
 from protocols._common.guard import Endpoint, guarded
 from protocols._common.http import json_response, parse_model, read_json, request_id_header
+from protocols._common.lookahead import with_ends
 from protocols._common.streaming import StreamResponse
 from protocols.openai_v1 import errors, schema, translate
 from server.core.errors import (
@@ -47,7 +48,8 @@ from server.core.types import (
 logger = logging.getLogger("gateway.openai")
 ModelT = TypeVar("ModelT", bound=BaseModel)
 ResultT = TypeVar("ResultT")
-Encode = Callable[[GenerationEvent], bytes]
+Encode = Callable[[translate.StreamItem], bytes]
+SSE_MEDIA_TYPE = "text/event-stream; charset=utf-8"  # as vLLM's StreamingResponse
 ADAPTER_HEADER = "x-amzn-sagemaker-adapter-identifier"
 
 
@@ -169,18 +171,19 @@ async def _sse_response(events: AsyncIterator[GenerationEvent], encode: Encode) 
         raise
     body = _sse(first, events, encode)
     await anext(body)
-    return cast(Response, StreamResponse(body))
+    return cast(Response, StreamResponse(body, media_type=SSE_MEDIA_TYPE))
 
 
 async def _sse(
     first: GenerationEvent, events: AsyncIterator[GenerationEvent], encode: Encode
 ) -> AsyncIterator[bytes]:
+    paired = with_ends(events)  # a choice's last token and its end go out as one chunk
     try:
         yield b""  # consumed by `_sse_response`
         if chunk := encode(first):
             yield chunk
-        async for event in events:
-            if chunk := encode(event):
+        async for item in paired:
+            if chunk := encode(item):
                 yield chunk
     except GatewayError as exc:
         yield errors.stream_error(exc)
@@ -190,6 +193,7 @@ async def _sse(
         yield errors.stream_error(EngineError("Internal error while streaming the response"))
         return
     finally:
+        await paired.aclose()  # first: it may hold a pending fetch from `events`
         await _aclose(events)
     yield errors.DONE
 

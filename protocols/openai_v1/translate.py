@@ -41,6 +41,9 @@ from server.core.types import (
 
 _T = TypeVar("_T")
 TokenTexts = Callable[[list[int]], list[str]]
+# What the stream encoders take: events, or a last `Delta` paired with its `ChoiceEnd`
+# (`_common.lookahead.with_ends`), which vLLM sends as one chunk.
+StreamItem = GenerationEvent | tuple[Delta, ChoiceEnd]
 JSON = dict[str, Any]
 # (token text, logprob or None, {token text: logprob} or None): one row of completion logprobs
 LogprobRow = tuple[str, float | None, dict[str, float] | None]
@@ -509,7 +512,8 @@ def _chat_choice(choice: Choice, view: ChatView) -> JSON:
 
 
 class ChatStreamEncoder:
-    """Events → `chat.completion.chunk` SSE bytes: one write per event (PROTOCOLS.md §2.1)."""
+    """Events → `chat.completion.chunk` SSE bytes, chunk for chunk as vLLM 0.32 writes them
+    (PROTOCOLS.md §2.1): one chunk per engine output, the last one carrying `finish_reason`."""
 
     def __init__(self, view: ChatView) -> None:
         self._view = view
@@ -517,34 +521,42 @@ class ChatStreamEncoder:
         self._prompt_tokens = 0
         self._generated = [0] * view.n
 
-    def encode(self, event: GenerationEvent) -> bytes:
-        if isinstance(event, Delta):
-            return self._delta(event)
-        if isinstance(event, ChoiceEnd):
-            return self._end(event)
-        if isinstance(event, Started):
-            return self._start(event)
-        return self._done(event)
+    def encode(self, item: StreamItem) -> bytes:
+        if isinstance(item, tuple):
+            return self._output(*item)
+        if isinstance(item, Delta):
+            return self._output(item, None)
+        if isinstance(item, ChoiceEnd):
+            return self._output(Delta(choice=item.choice, text=""), item)
+        if isinstance(item, Started):
+            return self._start(item)
+        return self._done(item)
 
     def _usage(self, choice: int) -> JSON | None:
         if not self._view.usage.continuous:
             return None
-        return _stream_usage(self._prompt_tokens, self._generated[choice])
+        usage = _stream_usage(self._prompt_tokens, self._generated[choice])
+        usage["completion_tokens_details"] = None
+        return usage
 
     def _start(self, event: Started) -> bytes:
         self._prompt_tokens = len(event.prompt_token_ids)
-        view, extra = self._view, {}
-        if view.return_token_ids:
-            extra["prompt_token_ids"] = list(event.prompt_token_ids)
-        chunks = []
-        for i in range(view.n):
-            role = {
-                "index": i,
-                "delta": {"role": "assistant", "content": ""},
-                "logprobs": None,
-                "finish_reason": None,
-            }
-            chunks.append(self._out.chunk(role, self._usage(i), **(extra if i == 0 else {})))
+        view = self._view
+        prompt_ids = list(event.prompt_token_ids) if view.return_token_ids else None
+        chunks = [
+            self._out.chunk(
+                {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                },
+                self._usage(i),
+                prompt_token_ids=prompt_ids,
+                prompt_text=None,
+            )
+            for i in range(view.n)
+        ]
         if view.echo_prefix:
             chunks += [
                 self._out.chunk(
@@ -560,33 +572,25 @@ class ChatStreamEncoder:
             ]
         return b"".join(chunks)
 
-    def _delta(self, event: Delta) -> bytes:
-        if not event.text and not event.token_ids:
+    def _output(self, event: Delta, end: ChoiceEnd | None) -> bytes:
+        if end is None and not event.text and not event.token_ids:
             return b""
-        i = event.choice
+        i, view = event.choice, self._view
         self._generated[i] += len(event.token_ids)
         logprobs = None
-        if self._view.logprobs:
+        if view.logprobs:
             logprobs = {"content": [chat_logprob(lp) for lp in event.logprobs]}
-        choice = {
+        choice: JSON = {
             "index": i,
             "delta": {"content": event.text},
             "logprobs": logprobs,
             "finish_reason": None,
         }
-        if self._view.return_token_ids:
-            choice["token_ids"] = list(event.token_ids)
+        if end is not None:
+            choice["finish_reason"] = end.reason.value
+            choice["stop_reason"] = end.matched_stop
+        choice["token_ids"] = list(event.token_ids) if view.return_token_ids else None
         return self._out.chunk(choice, self._usage(i))
-
-    def _end(self, event: ChoiceEnd) -> bytes:
-        choice = {
-            "index": event.choice,
-            "delta": {"content": ""},
-            "logprobs": None,
-            "finish_reason": event.reason.value,
-            "stop_reason": event.matched_stop,
-        }
-        return self._out.chunk(choice, self._usage(event.choice))
 
     def _done(self, event: Done) -> bytes:
         if not self._view.usage.include:
@@ -773,28 +777,35 @@ def _completion_choice(choice: Choice, view: CompletionView, echo: _Echo) -> JSO
 
 
 class CompletionStreamEncoder:
-    """Events → `text_completion` SSE bytes: one write per event (PROTOCOLS.md §2.2)."""
+    """Events → `text_completion` SSE bytes, chunk for chunk as vLLM 0.32 writes them
+    (PROTOCOLS.md §2.2); with `echo` the prompt rides on each choice's first chunk."""
 
     def __init__(self, view: CompletionView) -> None:
         self._view = view
         self._out = _ChunkWriter(view.meta, "text_completion")
         self._echo = _Echo(view)
-        self._echoed: set[int] = set()
+        self._opened: set[int] = set()  # choices that sent their first chunk
         self._offsets: dict[int, int] = {}
         self._generated: dict[int, int] = {}
 
-    def encode(self, event: GenerationEvent) -> bytes:
-        if isinstance(event, Delta):
-            return self._delta(event)
-        if isinstance(event, ChoiceEnd):
-            return self._end(event)
-        if isinstance(event, Started):
-            self._echo.start(event)
+    def encode(self, item: StreamItem) -> bytes:
+        if isinstance(item, tuple):
+            return self._output(*item)
+        if isinstance(item, Delta):
+            return self._output(item, None)
+        if isinstance(item, ChoiceEnd):
+            return self._output(Delta(choice=item.choice, text=""), item)
+        if isinstance(item, Started):
+            self._echo.start(item)
             return b""
-        return self._done(event)
+        return self._done(item)
 
-    def _delta(self, event: Delta) -> bytes:
+    def _output(self, event: Delta, end: ChoiceEnd | None) -> bytes:
         i, view = event.choice, self._view
+        first = i not in self._opened
+        if end is None and not first and not event.text and not event.token_ids:
+            return b""
+        self._opened.add(i)
         self._generated[i] = self._generated.get(i, 0) + len(event.token_ids)
         text = "" if view.echo_only else event.text
         rows = (
@@ -802,38 +813,22 @@ class CompletionStreamEncoder:
             if view.echo_only or view.logprobs is None
             else [logprob_row(lp) for lp in event.logprobs]
         )
-        if view.echo and i not in self._echoed:
-            self._echoed.add(i)
+        prompt_ids = None
+        if first and view.echo:
             text = self._echo.text(i) + text
             if view.logprobs is not None:
                 rows = self._echo.rows(i) + rows
                 self._offsets[i] = self._echo.start_offset(i)
-        elif not text and not event.token_ids:
-            return b""
+        if first and (view.echo or view.return_token_ids) and i // view.n == 0:
+            prompt_ids = self._echo.prompt_token_ids
         choice = {
             "index": i,
             "text": text,
             "logprobs": self._logprobs(i, rows),
-            "finish_reason": None,
-        }
-        if view.return_token_ids:
-            choice["token_ids"] = list(event.token_ids)
-        return self._out.chunk(choice, self._usage(i))
-
-    def _end(self, event: ChoiceEnd) -> bytes:
-        i, text, rows = event.choice, "", []
-        if self._view.echo and i not in self._echoed:
-            self._echoed.add(i)
-            text = self._echo.text(i)
-            if self._view.logprobs is not None:
-                rows = self._echo.rows(i)
-                self._offsets[i] = self._echo.start_offset(i)
-        choice = {
-            "index": i,
-            "text": text,
-            "logprobs": self._logprobs(i, rows) if rows else None,
-            "finish_reason": event.reason.value,
-            "stop_reason": event.matched_stop,
+            "finish_reason": None if end is None else end.reason.value,
+            "stop_reason": None if end is None else end.matched_stop,
+            "prompt_token_ids": prompt_ids,
+            "token_ids": list(event.token_ids) if view.return_token_ids else None,
         }
         return self._out.chunk(choice, self._usage(i))
 

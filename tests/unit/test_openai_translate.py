@@ -275,44 +275,93 @@ def chat_events(n: int = 1) -> list[GenerationEvent]:
     return events
 
 
-def encode_all(encoder: Any, events: list[GenerationEvent]) -> list[Any]:
+def encode_all(encoder: Any, events: list[Any]) -> list[Any]:
     return sse_payloads(b"".join(encoder.encode(e) for e in events))
 
 
+def paired(events: list[GenerationEvent]) -> list[translate.StreamItem]:
+    """What `with_ends` makes of engine events: a last Delta and its ChoiceEnd as one item."""
+    items: list[translate.StreamItem] = []
+    for event in events:
+        last = items[-1] if items else None
+        if isinstance(event, ChoiceEnd) and isinstance(last, Delta) and last.choice == event.choice:
+            items[-1] = (last, event)
+        else:
+            items.append(event)
+    return items
+
+
 def test_chat_stream_matches_vllm_chunk_sequence() -> None:
+    """Chunk for chunk what vLLM 0.32's own server sent for the same request (captured)."""
     view = translate.ChatView(meta=META, usage=translate.StreamUsage(include=True))
-    chunks = encode_all(translate.ChatStreamEncoder(view), chat_events())
-    assert chunks[0]["choices"] == [
-        {
-            "index": 0,
-            "delta": {"role": "assistant", "content": ""},
-            "logprobs": None,
-            "finish_reason": None,
-        }
-    ]
-    assert [c["choices"][0]["delta"] for c in chunks[1:3]] == [
-        {"content": "Hel"},
-        {"content": "lo"},
-    ]
-    assert chunks[3]["choices"][0] == {
-        "index": 0,
-        "delta": {"content": ""},
-        "logprobs": None,
-        "finish_reason": "stop",
-        "stop_reason": "\n",
-    }
-    assert chunks[4] == {
+    chunks = encode_all(translate.ChatStreamEncoder(view), paired(chat_events()))
+    head = {
         "id": "chatcmpl-abc",
         "object": "chat.completion.chunk",
         "created": 1730000000,
         "model": "a1",
-        "choices": [],
-        "usage": {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2},
     }
+    assert chunks == [
+        {
+            **head,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+            "prompt_token_ids": None,
+            "prompt_text": None,
+        },
+        {
+            **head,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"content": "Hel"},
+                    "logprobs": None,
+                    "finish_reason": None,
+                    "token_ids": None,
+                }
+            ],
+        },
+        {
+            **head,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"content": "lo"},
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                    "stop_reason": "\n",
+                    "token_ids": None,
+                }
+            ],
+        },
+        {
+            **head,
+            "choices": [],
+            "usage": {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2},
+        },
+    ]
     for chunk in chunks:
-        assert (chunk["id"], chunk["created"], chunk["model"]) == ("chatcmpl-abc", 1730000000, "a1")
         ChatCompletionChunk.model_validate(chunk)
-    assert all("usage" not in c for c in chunks[:4])
+
+
+def test_chat_stream_lone_end_is_an_empty_finish_chunk() -> None:
+    chunks = encode_all(translate.ChatStreamEncoder(translate.ChatView(meta=META)), chat_events())
+    assert chunks[-1]["choices"] == [
+        {
+            "index": 0,
+            "delta": {"content": ""},
+            "logprobs": None,
+            "finish_reason": "stop",
+            "stop_reason": "\n",
+            "token_ids": None,
+        }
+    ]
 
 
 def test_chat_stream_without_include_usage_has_no_usage_chunk() -> None:
@@ -527,35 +576,88 @@ def test_completion_stream_echoes_once_per_choice_and_tracks_offsets() -> None:
         echo_texts=("p0", "p1"),
         usage=translate.StreamUsage(include=True),
     )
-    events = [
+    items: list[translate.StreamItem] = [
         Started(prompt_token_ids=(1, 2)),
         Delta(choice=0, text="x", token_ids=(3,), logprobs=(lp("x", -1.0),)),
         Delta(choice=1, text="y", token_ids=(4,), logprobs=(lp("y", -1.0),)),
-        Delta(choice=0, text="z", token_ids=(5,), logprobs=(lp("z", -1.0),)),
-        ChoiceEnd(choice=0, reason=FinishReason.LENGTH),
-        ChoiceEnd(choice=1, reason=FinishReason.STOP),
+        (
+            Delta(choice=0, text="z", token_ids=(5,), logprobs=(lp("z", -1.0),)),
+            ChoiceEnd(choice=0, reason=FinishReason.LENGTH),
+        ),
+        ChoiceEnd(choice=1, reason=FinishReason.STOP, matched_stop=2),
         Done(usage=Usage(prompt_tokens=4, completion_tokens=3)),
     ]
-    chunks = encode_all(translate.CompletionStreamEncoder(view), events)
+    chunks = encode_all(translate.CompletionStreamEncoder(view), items)
     texts = [(c["choices"][0]["index"], c["choices"][0]["text"]) for c in chunks if c["choices"]]
-    assert texts == [(0, "p0x"), (1, "p1y"), (0, "z"), (0, ""), (1, "")]
+    assert texts == [(0, "p0x"), (1, "p1y"), (0, "z"), (1, "")]
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == [1, 2]  # vLLM: with the echo
+    assert chunks[1]["choices"][0]["prompt_token_ids"] is None  # prompt 1's ids are unknown
     # offsets are per choice; prompt 1's own rows are unknown in a batch, so it starts past it
     assert chunks[1]["choices"][0]["logprobs"]["text_offset"] == [2]
     assert chunks[2]["choices"][0]["logprobs"]["text_offset"] == [1]
+    assert chunks[2]["choices"][0]["finish_reason"] == "length"
     assert chunks[3]["choices"][0] == {
-        "index": 0,
+        "index": 1,
         "text": "",
-        "logprobs": None,
-        "finish_reason": "length",
-        "stop_reason": None,
+        "logprobs": {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []},
+        "finish_reason": "stop",
+        "stop_reason": 2,
+        "prompt_token_ids": None,
+        "token_ids": None,
     }
     assert chunks[-1]["choices"] == []
     assert chunks[-1]["usage"] == {"prompt_tokens": 4, "total_tokens": 7, "completion_tokens": 3}
     for chunk in chunks:  # (the SDK's own model rejects vLLM's null finish_reason in chunks)
-        assert set(chunk) == {"id", "object", "created", "model", "choices"} | (
-            {"usage"} if not chunk["choices"] else set()
-        )
         assert chunk["object"] == "text_completion"
+
+
+def test_completion_stream_chunks_carry_vllms_fields() -> None:
+    """Chunk for chunk what vLLM 0.32's own server sent (captured), usage chunk included."""
+    view = translate.CompletionView(meta=CMPL_META, usage=translate.StreamUsage(include=True))
+    items: list[translate.StreamItem] = [
+        Started(prompt_token_ids=(1,)),
+        Delta(choice=0, text=" 7", token_ids=(3,)),
+        (
+            Delta(choice=0, text="ello", token_ids=(4,)),
+            ChoiceEnd(choice=0, reason=FinishReason.LENGTH),
+        ),
+        Done(usage=Usage(prompt_tokens=1, completion_tokens=2)),
+    ]
+    head = {"id": "cmpl-abc", "object": "text_completion", "created": 1730000000, "model": "tiny"}
+    none = {"prompt_token_ids": None, "token_ids": None}
+    assert encode_all(translate.CompletionStreamEncoder(view), items) == [
+        {
+            **head,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": " 7",
+                    "logprobs": None,
+                    "finish_reason": None,
+                    "stop_reason": None,
+                    **none,
+                }
+            ],
+        },
+        {
+            **head,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": "ello",
+                    "logprobs": None,
+                    "finish_reason": "length",
+                    "stop_reason": None,
+                    **none,
+                }
+            ],
+        },
+        {
+            **head,
+            "choices": [],
+            "usage": {"prompt_tokens": 1, "total_tokens": 3, "completion_tokens": 2},
+        },
+    ]
 
 
 def test_completion_echo_without_generation_returns_prompt_only() -> None:
