@@ -475,6 +475,21 @@ def test_client_disconnect_mid_stream_aborts_the_generation(
     assert_serving(client)
 
 
+def test_client_disconnect_before_a_non_streamed_answer_aborts_it(
+    live_server: RunningServer, client: OpenAI
+) -> None:
+    before = wait_idle(live_server)
+    body = {"model": "a2", "prompt": PROMPT, "max_tokens": 490, "ignore_eos": True}
+    # the client gives up long before 490 tokens are ready and closes its connection
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{live_server.url}/v1/completions", json=body, timeout=0.3)
+    after = wait_idle(live_server)
+    assert after["gateway_requests_inflight"] == 0
+    tokens = after["gateway_generation_tokens_total"] - before["gateway_generation_tokens_total"]
+    assert tokens < 100
+    assert_serving(client)
+
+
 @pytest.mark.anyio
 async def test_concurrent_async_streams_on_mixed_adapters(aclient: AsyncOpenAI) -> None:
     async def run(model: str) -> tuple[str, str]:
