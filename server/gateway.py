@@ -46,6 +46,8 @@ from server.metrics import (
     metrics_routes as metrics_endpoints,
 )
 from server.middleware import RequestIdMiddleware
+from server.openapi import openapi_routes
+from server.security import protect, route_table
 from server.settings import Settings, resolve_path
 
 logger = logging.getLogger("gateway")
@@ -271,16 +273,27 @@ def data_routes(gateway: Gateway) -> list[RouteGroup]:
     groups: list[RouteGroup] = [("other", shared_routes(ctx))]  # `tagged` names the protocol
     for protocol in PROTOCOLS:
         groups.append((_label(protocol), protocol.data_routes(ctx)))
-    return groups
+    return [*groups, *adapter_management_routes(gateway)]
 
 
-def management_routes(gateway: Gateway) -> list[RouteGroup]:
-    groups: list[RouteGroup] = [("control", control.control_routes(gateway))]
+def adapter_management_routes(gateway: Gateway) -> list[RouteGroup]:
+    """vLLM's /v1/load_lora_adapter and DJL's /models/{m}/adapters. Their clients call them on
+    the inference port (vLLM, DJL default), so they are on the data listener too; `adminKeys`
+    guards them there as on the management listener."""
+    groups: list[RouteGroup] = []
     for protocol in PROTOCOLS:
         build = getattr(protocol, "management_routes", None)
         if build is not None:
             groups.append((_label(protocol), build(gateway.context)))
-    return [*groups, *metrics_routes(gateway)]  # MindIE serves /metrics* on management too
+    return groups
+
+
+def management_routes(gateway: Gateway) -> list[RouteGroup]:
+    groups: list[RouteGroup] = [
+        ("control", [*control.control_routes(gateway), *openapi_routes(gateway.settings)])
+    ]
+    # MindIE serves /metrics* on the management listener too
+    return [*groups, *adapter_management_routes(gateway), *metrics_routes(gateway)]
 
 
 def metrics_routes(gateway: Gateway) -> list[RouteGroup]:
@@ -320,6 +333,8 @@ def listener_app(gateway: Gateway, roles: tuple[str, ...]) -> Starlette:
         routes=_dedupe([route for _, routes in groups for route in routes]),
         exception_handlers=handlers,
     )
+    table = route_table(groups, roles=roles, admin_paths=admin_paths(gateway))
+    protect(app, table=table, settings=gateway.settings)  # auth, body limit: inside the metrics
     app.add_middleware(
         HttpMetricsMiddleware,
         metrics=gateway.metrics,
@@ -329,6 +344,16 @@ def listener_app(gateway: Gateway, roles: tuple[str, ...]) -> Starlette:
     app.add_middleware(control.DrainMiddleware, lifecycle=gateway.lifecycle)
     app.add_middleware(RequestIdMiddleware)
     return app
+
+
+def admin_paths(gateway: Gateway) -> frozenset[str]:
+    """Path templates of the control plane and adapter management, on whichever listener."""
+    return frozenset(
+        getattr(route, "path", "")
+        for label, routes in management_routes(gateway)
+        if label != "metrics"
+        for route in routes
+    )
 
 
 def _dedupe(routes: list[BaseRoute]) -> list[BaseRoute]:
