@@ -42,6 +42,7 @@ class SamplingFields(_Wire):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM: one of json, regex, choice, grammar
     # vLLM extras (OpenAI SDK users pass them through `extra_body`)
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0, le=1)

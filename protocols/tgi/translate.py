@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from protocols._common import jsonio
 from protocols._common.context import RequestBounds
 from protocols._common.lookahead import token_pieces
 from protocols.tgi.schema import GenerateRequest, Parameters
@@ -31,6 +32,7 @@ from server.core.types import (
     OutputOptions,
     Sampling,
     Started,
+    StructuredOutput,
     TokenLogprob,
     TokenPrompt,
 )
@@ -174,8 +176,7 @@ def _check_lengths(body: GenerateRequest, p: Parameters, limits: Limits) -> None
     stop = p.stop or []
     if len(stop) > limits.max_stop_sequences:
         raise invalid(
-            f"`stop` supports up to {limits.max_stop_sequences} stop sequences. "
-            f"Given: {len(stop)}",
+            f"`stop` supports up to {limits.max_stop_sequences} stop sequences. Given: {len(stop)}",
             "stop",
         )
     if any(not s or len(s) > limits.max_stop_length for s in stop):
@@ -199,8 +200,6 @@ def _check_lengths(body: GenerateRequest, p: Parameters, limits: Limits) -> None
 
 
 def _check_unsupported(p: Parameters) -> None:
-    if p.grammar is not None:
-        raise Unsupported("grammar is not supported", param="parameters.grammar")
     if p.watermark:
         raise Unsupported(
             "`watermark` is not supported by this server", param="parameters.watermark"
@@ -218,6 +217,29 @@ def _to_sampling(p: Parameters, sampling: bool, best_of: int) -> Sampling:
         n=best_of,
         stop=tuple(p.stop or ()),
         include_stop_str_in_output=True,  # TGI's text ends with the stop sequence it matched
+        structured=to_structured(p.grammar),
+    )
+
+
+def to_structured(grammar: dict[str, Any] | None) -> StructuredOutput | None:
+    """TGI `grammar`: {"type": "json"|"json_object", "value": schema}, {"type": "regex",
+    "value": pattern} or {"type": "json_schema", "value": {"name"?, "schema": {...}}}."""
+    if grammar is None:
+        return None
+    kind, value = grammar.get("type"), grammar.get("value")
+    if kind == "json_schema" and isinstance(value, dict):
+        value = value.get("schema")
+        kind = "json"
+    if kind in ("json", "json_object") and isinstance(value, dict | str):
+        return StructuredOutput(
+            json_schema=value if isinstance(value, str) else jsonio.dumps(value).decode()
+        )
+    if kind == "regex" and isinstance(value, str):
+        return StructuredOutput(regex=value)
+    raise invalid(
+        "`grammar` must be {type: json|json_object|regex|json_schema, value: ...} with a JSON "
+        "schema or a regex",
+        "grammar",
     )
 
 
@@ -240,8 +262,7 @@ def to_generation_request(
         )
     if input_length > limits.max_input_tokens:
         raise invalid(
-            f"`inputs` must have less than {limits.max_input_tokens} tokens. "
-            f"Given: {input_length}"
+            f"`inputs` must have less than {limits.max_input_tokens} tokens. Given: {input_length}"
         )
     return GenerationRequest(
         request_id=request_id,
@@ -282,8 +303,12 @@ def _tokens(choice: Choice, eos_token_id: int | None) -> list[dict[str, Any]]:
     for i, token_id in enumerate(choice.token_ids):
         entry = logprobs[i] if i < len(logprobs) else None
         out.append(
-            token(token_id, entry.token if entry else "", entry.logprob if entry else None,
-                  eos_token_id)
+            token(
+                token_id,
+                entry.token if entry else "",
+                entry.logprob if entry else None,
+                eos_token_id,
+            )
         )
     return out
 
@@ -399,8 +424,13 @@ class StreamEncoder:
         return event
 
     def _event(
-        self, token_id: int, text: str, entry: TokenLogprob | None, end: ChoiceEnd | None,
-        *, generated: bool = True,
+        self,
+        token_id: int,
+        text: str,
+        entry: TokenLogprob | None,
+        end: ChoiceEnd | None,
+        *,
+        generated: bool = True,
     ) -> dict[str, Any]:
         self._index += 1
         self._generated += generated
@@ -443,8 +473,12 @@ def to_tokenize_response(
         piece = inputs[start:stop]
         byte_start = len(inputs[:start].encode())
         out.append(
-            {"id": token_id, "text": piece, "start": byte_start,
-             "stop": byte_start + len(piece.encode())}
+            {
+                "id": token_id,
+                "text": piece,
+                "start": byte_start,
+                "stop": byte_start + len(piece.encode()),
+            }
         )
     return out
 

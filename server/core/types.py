@@ -10,6 +10,17 @@ from enum import StrEnum
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StructuredOutput:
+    """Constrained decoding: exactly one of the fields is set. `json_schema` is JSON text."""
+
+    json_schema: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Sampling:
     """Sampling knobs, already validated by the protocol that produced them.
 
@@ -37,6 +48,7 @@ class Sampling:
     allowed_token_ids: tuple[int, ...] | None = None
     bad_words: tuple[str, ...] = ()
     truncate_prompt_tokens: int | None = None
+    structured: StructuredOutput | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

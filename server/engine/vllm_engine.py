@@ -48,6 +48,7 @@ from server.core.types import (
     Prompt,
     Sampling,
     Started,
+    StructuredOutput,
     TokenLogprob,
     TokenPrompt,
     TopLogprob,
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
     from vllm.logprobs import Logprob
     from vllm.lora.request import LoRARequest
     from vllm.outputs import CompletionOutput, RequestOutput
-    from vllm.sampling_params import SamplingParams
+    from vllm.sampling_params import SamplingParams, StructuredOutputsParams
     from vllm.tokenizers import TokenizerLike
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.metrics.loggers import StatLoggerBase
@@ -633,7 +634,22 @@ def _sampling_kwargs(sampling: Sampling, max_tokens: int) -> dict[str, Any]:
         "logit_bias": dict(sampling.logit_bias) or None,
         "allowed_token_ids": None if allowed is None else list(allowed),
         "bad_words": list(sampling.bad_words) or None,
+        "structured_outputs": _structured_outputs(sampling.structured),
     }
+
+
+def _structured_outputs(structured: StructuredOutput | None) -> StructuredOutputsParams | None:
+    if structured is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return StructuredOutputsParams(
+        json=structured.json_schema,
+        json_object=structured.json_object or None,
+        regex=structured.regex,
+        choice=None if structured.choice is None else list(structured.choice),
+        grammar=structured.grammar,
+    )
 
 
 def _engine_input(prompt: _PreparedPrompt) -> TokensInput:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import ssl
 import time
 from collections.abc import Iterator
@@ -502,3 +503,38 @@ async def test_concurrent_async_streams_on_mixed_adapters(aclient: AsyncOpenAI) 
     results = await asyncio.gather(*(run(m) for m in ("tiny", "a1", "a2", "a3") * 2))
     assert [model for model, _ in results] == ["tiny", "a1", "a2", "a3"] * 2
     assert all(text for _, text in results)
+
+
+def test_structured_outputs_constrain_the_real_engine(client: OpenAI) -> None:
+    choice = client.chat.completions.create(
+        model="a1",
+        messages=[{"role": "user", "content": "pick"}],
+        max_tokens=10,
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    )
+    assert choice.choices[0].message.content in ("yes", "no")
+    digits = complete(
+        client,
+        prompt="num",
+        max_tokens=10,
+        extra_body={"structured_outputs": {"regex": "[0-9]{3}"}},
+    )
+    assert re.fullmatch(r"[0-9]{3}", digits.choices[0].text)
+    colour = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "color"}],
+        max_tokens=10,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "c", "schema": {"type": "string", "enum": ["red", "green"]}},
+        },
+    )
+    assert json.loads(colour.choices[0].message.content or "") in ("red", "green")
+
+
+def test_invalid_structured_output_is_a_400_and_the_engine_serves_on(client: OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="regex"):
+        complete(
+            client, prompt="x", max_tokens=5, extra_body={"structured_outputs": {"regex": "[0-9"}}
+        )
+    assert_serving(client)

@@ -293,3 +293,20 @@ def test_the_engine_keeps_serving_after_bad_input(http: httpx.Client) -> None:
     for parameters, _ in BAD_PARAMETERS:
         http.post("/generate", json={"inputs": PROMPT, "parameters": parameters})
     assert generate(http, max_new_tokens=3)["generated_text"]
+
+
+def test_grammar_constrains_the_real_engine(hub: InferenceClient, http: httpx.Client) -> None:
+    text = hub.text_generation(
+        "num", max_new_tokens=10, grammar={"type": "regex", "value": "[0-9]{3}"}
+    )
+    assert len(text) == 3 and text.isdigit()
+    response = http.post(
+        "/generate",
+        json={
+            "inputs": "x",
+            "parameters": {"max_new_tokens": 5, "grammar": {"type": "regex", "value": "[0-9"}},
+        },
+    )
+    assert response.status_code == 422
+    assert response.json()["error_type"] == "validation"
+    assert generate(http, max_new_tokens=2)["generated_text"]

@@ -46,6 +46,7 @@ from server.core.types import (
     GenerationEvent,
     GenerationResult,
     Started,
+    StructuredOutput,
     TextPrompt,
     TokenLogprob,
     TokenPrompt,
@@ -172,7 +173,12 @@ def test_chat_text_parts_are_joined_and_images_refused() -> None:
         ({"chat_template_kwargs": {"items": [1]}}, "chat_template_kwargs.items"),
         ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": 3}}},
+            "response_format",
+        ),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
         ({"use_beam_search": True}, "use_beam_search"),
     ],
 )
@@ -1028,3 +1034,30 @@ async def test_load_serves_the_adapter_and_unload_frees_its_engine_slot(tmp_path
         assert engine.adapters == {}
         missing = await http.post("/v1/completions", json={"model": "x1", "prompt": "a"})
         assert missing.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"response_format": {"type": "json_object"}}, StructuredOutput(json_object=True)),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "n", "schema": {"type": "integer"}},
+                }
+            },
+            StructuredOutput(json_schema='{"type":"integer"}'),
+        ),
+        ({"structured_outputs": {"choice": ["yes", "no"]}}, StructuredOutput(choice=("yes", "no"))),
+        ({"structured_outputs": {"regex": "[a-z]+"}}, StructuredOutput(regex="[a-z]+")),
+        ({"response_format": {"type": "text"}}, None),
+    ],
+)
+def test_structured_output_fields_map_to_the_core(
+    fields: dict[str, Any], expected: StructuredOutput | None
+) -> None:
+    body = schema.ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "x"}], **fields}
+    )
+    assert translate.to_structured(body) == expected

@@ -34,6 +34,7 @@ from server.core.types import (
     GenerationEvent,
     GenerationResult,
     Started,
+    StructuredOutput,
     TokenLogprob,
     TokenPrompt,
     TopLogprob,
@@ -102,12 +103,35 @@ def test_streams_refuse_best_of_and_decoder_input_details() -> None:
     assert "not supported when streaming" in rejection(True, decoder_input_details=True).message
 
 
-@pytest.mark.parametrize(
-    "parameters", [{"watermark": True}, {"grammar": {"type": "regex", "value": "a"}}]
-)
-def test_watermark_and_grammar_are_reported_unsupported(parameters: dict[str, Any]) -> None:
+def test_watermark_is_reported_unsupported() -> None:
     with pytest.raises(Unsupported):
-        plan_of(**parameters)
+        plan_of(watermark=True)
+
+
+@pytest.mark.parametrize(
+    ("grammar", "expected"),
+    [
+        ({"type": "regex", "value": "[0-9]+"}, StructuredOutput(regex="[0-9]+")),
+        (
+            {"type": "json", "value": {"type": "object"}},
+            StructuredOutput(json_schema='{"type":"object"}'),
+        ),
+        (
+            {"type": "json_schema", "value": {"name": "x", "schema": {"type": "integer"}}},
+            StructuredOutput(json_schema='{"type":"integer"}'),
+        ),
+    ],
+)
+def test_grammar_becomes_structured_output(
+    grammar: dict[str, Any], expected: StructuredOutput
+) -> None:
+    assert plan_of(grammar=grammar).sampling.structured == expected
+
+
+@pytest.mark.parametrize("grammar", [{"type": "ebnf", "value": "x"}, {"type": "regex", "value": 3}])
+def test_bad_grammar_is_a_validation_error(grammar: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequest, match="grammar"):
+        plan_of(grammar=grammar)
 
 
 def test_watermark_false_is_accepted() -> None:
