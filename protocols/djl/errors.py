@@ -21,6 +21,7 @@ from server.core.errors import (
     AdapterCapacity,
     AdapterExists,
     AdapterNotFound,
+    ClientClosed,
     GatewayError,
     InvalidRequest,
     ModelNotFound,
@@ -85,6 +86,7 @@ _INFERENCE: tuple[tuple[type[GatewayError], int, str | None], ...] = (
     (ServiceUnavailable, 503, "ServiceUnavailableException"),
     (AdapterCapacity, 507, "BadRequestException"),
     (Unauthorized, 401, "BadRequestException"),
+    (ClientClosed, 499, "ChannelClosedException"),
 )
 
 

@@ -27,6 +27,7 @@ from starlette.routing import BaseRoute, Route
 
 from protocols._common import jsonio
 from protocols._common.context import ProtocolContext
+from protocols._common.disconnect import while_connected
 from protocols._common.guard import Endpoint, guarded
 from protocols._common.http import decode_json, parse_model, read_body, request_id_header
 from protocols._common.lookahead import with_ends
@@ -52,6 +53,7 @@ _PING_TIMEOUT_S = 5.0
 
 
 # ---- data plane ------------------------------------------------------------------------------
+
 
 def data_routes(ctx: ProtocolContext) -> list[BaseRoute]:
     predict = predictions(ctx)
@@ -121,17 +123,22 @@ async def _infer(ctx: ProtocolContext, request: Request, workflow: str | None) -
     texts = translate.input_texts(body, ctx.bounds)
     models = [workflow] * len(texts) if workflow else _adapters(ctx, request, body, len(texts))
     plan = translate.to_plan(
-        body, request_id=request_id_header(request) or uuid.uuid4().hex, models=models,
+        body,
+        request_id=request_id_header(request) or uuid.uuid4().hex,
+        models=models,
         bounds=ctx.bounds,
     )
     if plan.stream:
         stream = await ctx.service.start(plan.requests[0])
         lines = _lines(stream, translate.StreamEncoder(plan))
         return cast(Response, StreamResponse(lines, media_type=JSONLINES))
-    if len(plan.requests) == 1:
-        result = await ctx.service.generate(plan.requests[0])
-    else:
-        result = await ctx.service.generate_batch(plan.requests)
+    service = ctx.service
+    work = (
+        service.generate(plan.requests[0])
+        if len(plan.requests) == 1
+        else service.generate_batch(plan.requests)
+    )
+    result = await while_connected(request, work)
     texts_of_prompt: list[str] = []
     if plan.prefill:
         texts_of_prompt = ctx.service.engine.token_texts(list(result.prompt.prompt_token_ids))
@@ -175,6 +182,7 @@ async def _lines(stream: EventStream, encoder: translate.StreamEncoder) -> Async
 
 # ---- management plane: adapters ----------------------------------------------------------------
 
+
 def management_routes(ctx: ProtocolContext) -> list[BaseRoute]:
     collection, item, update = adapters(ctx), adapter(ctx), adapter_update(ctx)
     routes: list[BaseRoute] = []
@@ -212,7 +220,11 @@ def adapters(ctx: ProtocolContext) -> Endpoint:
         body = await _optional_body(ctx, request)
         form = translate.to_registration(translate.to_form(_query(request), body))
         record = await registry.register(
-            form.name, form.src, preload=form.preload, pin=form.pin, options=form.options,
+            form.name,
+            form.src,
+            preload=form.preload,
+            pin=form.pin,
+            options=form.options,
             alias=request.headers.get(ALIAS_HEADER),
         )
         message = f"Adapter {record.display_name} registered"

@@ -18,6 +18,7 @@ from protocols._common.streaming import sse_event
 from server.core.errors import (
     AdapterCapacity,
     AdapterExists,
+    ClientClosed,
     DeadlineExceeded,
     EngineError,
     GatewayError,
@@ -30,13 +31,6 @@ from server.core.errors import (
     Unauthorized,
 )
 
-
-class ClientDisconnected(GatewayError):
-    """The client went away before its answer; the engine request was aborted."""
-
-    error_type = "aborted"
-
-
 STATUS: dict[type[GatewayError], int] = {
     InvalidRequest: 400,
     Unauthorized: 401,
@@ -44,7 +38,7 @@ STATUS: dict[type[GatewayError], int] = {
     PayloadTooLarge: 413,
     RequestNotFound: 404,
     AdapterExists: 409,
-    ClientDisconnected: 499,
+    ClientClosed: 499,
     EngineError: 500,
     Overloaded: 503,
     ServiceUnavailable: 503,

@@ -9,10 +9,9 @@ and abort the engine request then; streams are closed by `StreamResponse` on dis
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, TypeVar, cast
 
 from starlette.requests import Request
@@ -21,6 +20,7 @@ from starlette.routing import BaseRoute, Route
 
 from protocols._common import jsonio
 from protocols._common.context import ProtocolContext
+from protocols._common.disconnect import while_connected
 from protocols._common.guard import Endpoint, guarded
 from protocols._common.http import (
     decode_json,
@@ -270,30 +270,9 @@ class KserveApi:
             finally:
                 await stream.aclose()
 
-        result = await unless_disconnected(request, work())
+        result = await while_connected(request, work())
         timer.mark()
         return result
-
-
-async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
-    """Await `work`, cancelling it (and raising ClientDisconnected) if the client goes away."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    if task.cancelled():
-        raise errors.ClientDisconnected("The client disconnected; the request was aborted")
-    return task.result()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def data_routes(ctx: ProtocolContext) -> list[BaseRoute]:

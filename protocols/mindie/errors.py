@@ -18,6 +18,7 @@ from protocols._common.streaming import sse_event
 from server.core.errors import (
     AdapterCapacity,
     AdapterExists,
+    ClientClosed,
     GatewayError,
     InvalidRequest,
     ModelNotFound,
@@ -39,6 +40,7 @@ _TABLE: tuple[tuple[type[GatewayError], int, str], ...] = (
     (Unauthorized, 401, "Unauthorized"),
     (AdapterExists, 409, "Conflict"),
     (AdapterCapacity, 507, "Insufficient Storage"),
+    (ClientClosed, 499, "Client Closed Request"),
 )
 
 

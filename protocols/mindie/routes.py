@@ -19,6 +19,7 @@ from starlette.routing import BaseRoute, Route
 
 from protocols._common import jsonio
 from protocols._common.context import ProtocolContext
+from protocols._common.disconnect import while_connected
 from protocols._common.guard import Endpoint, guarded
 from protocols._common.http import json_response, parse_model, read_body, request_id_header
 from protocols._common.lookahead import EndCandidates, with_ends
@@ -68,19 +69,20 @@ def infer(ctx: ProtocolContext) -> Endpoint:
                     events, plan, started_at, engine.token_texts, engine.info().eos_token_id
                 )
             )
-        result = await ctx.service.generate(plan.request)
+        result = await while_connected(request, ctx.service.generate(plan.request))
         return json_response(translate.to_infer_response(result, plan))
 
     return endpoint
 
 
 def _infer_events(
-    events: EventStream, plan: translate.InferPlan, started_at: float,
-    token_texts: Callable[[list[int]], list[str]], eos_token_id: int | None,
+    events: EventStream,
+    plan: translate.InferPlan,
+    started_at: float,
+    token_texts: Callable[[list[int]], list[str]],
+    eos_token_id: int | None,
 ) -> AsyncIterator[bytes]:
-    encoder = translate.InferStreamEncoder(
-        plan, started_at=started_at, token_texts=token_texts
-    )
+    encoder = translate.InferStreamEncoder(plan, started_at=started_at, token_texts=token_texts)
 
     def encode(item: object) -> list[dict[str, Any]]:
         now = time.perf_counter()
@@ -94,7 +96,8 @@ def _infer_events(
 
     sampling = plan.request.sampling
     may_end = EndCandidates(
-        max_new_tokens=sampling.max_new_tokens, stop_strings=bool(sampling.stop),
+        max_new_tokens=sampling.max_new_tokens,
+        stop_strings=bool(sampling.stop),
         stop_token_ids=(eos_token_id,),
     )
     return _guarded_stream(events, encode, (sse_event, errors.stream_error), may_end)
@@ -136,7 +139,7 @@ def vllm_generate(ctx: ProtocolContext) -> Endpoint:
         if plan.request.stream:
             events = await ctx.service.start(plan.request)
             return _streaming(_vllm_chunks(events, plan.request.sampling.n))
-        result = await ctx.service.generate(plan.request)
+        result = await while_connected(request, ctx.service.generate(plan.request))
         return json_response(translate.to_vllm_response(result, plan))
 
     return endpoint

@@ -40,12 +40,6 @@ class LoraPathNotFound(AdapterNotFound):
         super().__init__(message, param=None)
 
 
-class ClientClosed(GatewayError):
-    """The client disconnected before a non-streamed answer was ready (nobody reads the 499)."""
-
-    error_type = "client_closed"
-
-
 TABLE: dict[str, tuple[int, str]] = {
     "invalid_request": (400, "BadRequestError"),
     "context_length_exceeded": (400, "BadRequestError"),

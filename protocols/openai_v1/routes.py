@@ -8,11 +8,10 @@ shared `/invocations` and `/tokenize` paths.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar, cast
 
@@ -22,6 +21,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from protocols._common.context import ProtocolContext
+from protocols._common.disconnect import while_connected
 from protocols._common.guard import Endpoint, guarded
 from protocols._common.http import json_response, parse_model, read_json, request_id_header
 from protocols._common.lookahead import with_ends
@@ -92,7 +92,7 @@ def chat_completions(ctx: ProtocolContext) -> Endpoint:
         if gen.stream:
             stream = await service.start(gen)
             return await _sse_response(stream, translate.ChatStreamEncoder(view).encode)
-        result = await _while_connected(request, service.generate(gen))
+        result = await while_connected(request, service.generate(gen))
         return json_response(translate.chat_response(result, view))
 
     return create_chat_completion
@@ -111,7 +111,7 @@ def completions(ctx: ProtocolContext) -> Endpoint:
         if body.stream:
             events = await _start(service, gens)
             return await _sse_response(events, translate.CompletionStreamEncoder(view).encode)
-        result = await _while_connected(request, _generate(service, gens))
+        result = await while_connected(request, _generate(service, gens))
         return json_response(translate.completion_response(result, view))
 
     return create_completion
@@ -202,28 +202,6 @@ async def _aclose(events: object) -> None:
     close = getattr(events, "aclose", None)
     if close is not None:
         await close()
-
-
-async def _while_connected(request: Request, work: Awaitable[ResultT]) -> ResultT:
-    """Run a non-streamed generation, cancelling it (and so the engine request) if the client
-    disconnects first. Raises `_ClientGone` then."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    if task.cancelled():
-        raise errors.ClientClosed("The client closed the connection before the response.")
-    return task.result()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 # ---- models ------------------------------------------------------------------------------------

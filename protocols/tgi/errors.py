@@ -17,6 +17,7 @@ from protocols._common.streaming import sse_event
 from server.core.errors import (
     AdapterCapacity,
     AdapterExists,
+    ClientClosed,
     DeadlineExceeded,
     GatewayError,
     InvalidRequest,
@@ -43,6 +44,7 @@ _TABLE: tuple[tuple[type[GatewayError], int, str, str], ...] = (
     (AdapterExists, 409, "validation", ""),
     (AdapterCapacity, 507, "generation", GENERATION_PREFIX),
     (DeadlineExceeded, 424, "generation", GENERATION_PREFIX),
+    (ClientClosed, 499, "client_closed", ""),
 )
 
 

@@ -19,6 +19,7 @@ from starlette.routing import BaseRoute, Route
 
 from protocols._common import jsonio
 from protocols._common.context import ProtocolContext
+from protocols._common.disconnect import while_connected
 from protocols._common.guard import Endpoint, guarded
 from protocols._common.http import (
     decode_json,
@@ -70,8 +71,12 @@ async def _prepare(
     gen = translate.to_generation_request(plan, token_ids, request_id=request_id, limits=limits)
     rendering = translate.Rendering(plan=plan, eos_token_id=engine.info().eos_token_id)
     return _Prepared(
-        body=body, plan=plan, request=gen, rendering=rendering,
-        started_at=started_at, validated_at=time.perf_counter(),
+        body=body,
+        plan=plan,
+        request=gen,
+        rendering=rendering,
+        started_at=started_at,
+        validated_at=time.perf_counter(),
     )
 
 
@@ -125,9 +130,12 @@ async def _stream(ctx: ProtocolContext, prepared: _Prepared) -> Response:
         "x-compute-characters": str(len(prepared.body.inputs)),
     }
     # StreamResponse is a plain ASGI response, which Starlette's endpoints may return.
-    return cast(Response, StreamResponse(
-        _sse(events, prepared.rendering, ctx.service.engine.token_texts), headers=headers
-    ))
+    return cast(
+        Response,
+        StreamResponse(
+            _sse(events, prepared.rendering, ctx.service.engine.token_texts), headers=headers
+        ),
+    )
 
 
 async def _sse(
@@ -138,7 +146,8 @@ async def _sse(
     encoder: translate.StreamEncoder | None = None
     sampling = events.request.sampling
     may_end = EndCandidates(
-        max_new_tokens=sampling.max_new_tokens, stop_token_ids=(rendering.eos_token_id,),
+        max_new_tokens=sampling.max_new_tokens,
+        stop_token_ids=(rendering.eos_token_id,),
         stop_strings=bool(sampling.stop),
     )
     paired = with_ends(events, may_end)
@@ -181,7 +190,7 @@ def generate(ctx: ProtocolContext) -> Endpoint:
     @guarded(errors.render)
     async def endpoint(request: Request) -> Response:
         prepared = await _prepare(ctx, request, await _read(ctx, request), stream=False)
-        body, headers = await _run(ctx, prepared)
+        body, headers = await while_connected(request, _run(ctx, prepared))
         return json_response(body, headers=headers)
 
     return endpoint
@@ -207,7 +216,7 @@ def compat(ctx: ProtocolContext) -> Endpoint:
         prepared = await _prepare(ctx, request, body, stream=bool(body.stream))
         if prepared.plan.stream:
             return await _stream(ctx, prepared)
-        result, headers = await _run(ctx, prepared)
+        result, headers = await while_connected(request, _run(ctx, prepared))
         return json_response([result], headers=headers)
 
     return endpoint

@@ -107,6 +107,13 @@ class DeadlineExceeded(GatewayError):
     error_type = "timeout"
 
 
+class ClientClosed(GatewayError):
+    """The client went away before its non-streamed answer; the engine request was aborted.
+    Nobody reads the response (nginx's 499)."""
+
+    error_type = "client_closed"
+
+
 class EngineError(GatewayError):
     """The engine failed while generating."""
 
