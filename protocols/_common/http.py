@@ -6,11 +6,18 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from protocols._common import jsonio
-from server.core.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from server.core.errors import (
+    GatewayError,
+    InvalidRequest,
+    Overloaded,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    UnsupportedMediaType,
+)
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 JSON_TYPE = "application/json"
@@ -30,11 +37,16 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
         raise PayloadTooLarge(f"Request body is larger than the limit of {max_bytes} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise PayloadTooLarge(f"Request body is larger than the limit of {max_bytes} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise PayloadTooLarge(f"Request body is larger than the limit of {max_bytes} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # gone mid-body (or cut off by the receive deadline): nobody reads the answer, and a
+        # traceback per dropped slow client would flood the log
+        raise InvalidRequest("The client disconnected before the request body arrived") from None
     return b"".join(chunks)
 
 
@@ -85,3 +97,10 @@ def json_response(
 def request_id_header(request: Request) -> str | None:
     value = request.headers.get("x-request-id")
     return value if value and len(value) <= 256 else None
+
+
+def retry_headers(exc: GatewayError) -> dict[str, str] | None:
+    """`Retry-After` for the errors a client should retry later (overload, draining, starting)."""
+    if isinstance(exc, Overloaded | ServiceUnavailable):
+        return {"retry-after": str(exc.retry_after_s)}
+    return None

@@ -16,6 +16,7 @@ from typing import Any
 from starlette.responses import Response
 
 from protocols._common import jsonio
+from protocols._common.http import retry_headers
 from protocols.djl.translate import djl_json, error_body
 from server.core.errors import (
     AdapterCapacity,
@@ -57,12 +58,6 @@ _MANAGEMENT: tuple[tuple[type[GatewayError], int, str], ...] = (
 )
 
 
-def _headers(exc: GatewayError) -> dict[str, str] | None:
-    if isinstance(exc, Overloaded | ServiceUnavailable):
-        return {"retry-after": str(exc.retry_after_s)}
-    return None
-
-
 def management_status(exc: GatewayError) -> tuple[int, str]:
     for cls, status, java_type in _MANAGEMENT:
         if isinstance(exc, cls):
@@ -73,7 +68,7 @@ def management_status(exc: GatewayError) -> tuple[int, str]:
 def render_management(exc: GatewayError) -> Response:
     status, java_type = management_status(exc)
     body = djl_json(error_body(status, java_type, exc.message))
-    return Response(body, status, _headers(exc), media_type=JSON)
+    return Response(body, status, retry_headers(exc), media_type=JSON)
 
 
 # (class, status, Java type); None as the type means LMI's handler shape {"error", "code"}.
@@ -102,4 +97,4 @@ def inference_error(exc: GatewayError) -> tuple[int, dict[str, Any]]:
 
 def render(exc: GatewayError) -> Response:
     status, body = inference_error(exc)
-    return Response(jsonio.dumps(body), status, _headers(exc), media_type=JSON)
+    return Response(jsonio.dumps(body), status, retry_headers(exc), media_type=JSON)

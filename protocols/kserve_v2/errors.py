@@ -13,7 +13,7 @@ from __future__ import annotations
 from starlette.responses import Response
 
 from protocols._common import jsonio
-from protocols._common.http import json_response
+from protocols._common.http import json_response, retry_headers
 from protocols._common.streaming import sse_event
 from server.core.errors import (
     AdapterCapacity,
@@ -62,10 +62,7 @@ def body_of(exc: GatewayError) -> dict[str, str]:
 
 
 def render(exc: GatewayError) -> Response:
-    headers = None
-    if isinstance(exc, Overloaded | ServiceUnavailable):
-        headers = {"retry-after": str(exc.retry_after_s)}
-    return json_response(body_of(exc), status_of(exc), headers)
+    return json_response(body_of(exc), status_of(exc), retry_headers(exc))
 
 
 def stream_error(exc: GatewayError) -> bytes:

@@ -13,7 +13,7 @@ from typing import Any
 from starlette.responses import Response
 
 from protocols._common import jsonio
-from protocols._common.http import json_response
+from protocols._common.http import json_response, retry_headers
 from protocols._common.streaming import sse_event
 from server.core.errors import (
     AdapterCapacity,
@@ -55,10 +55,7 @@ def classify(exc: GatewayError) -> tuple[int, dict[str, Any]]:
 
 def render(exc: GatewayError) -> Response:
     status, body = classify(exc)
-    headers = None
-    if isinstance(exc, Overloaded | ServiceUnavailable):
-        headers = {"retry-after": str(exc.retry_after_s)}
-    return json_response(body, status, headers)
+    return json_response(body, status, retry_headers(exc))
 
 
 def stream_error(exc: GatewayError) -> bytes:

@@ -12,14 +12,12 @@ from typing import Any
 from starlette.responses import Response
 
 from protocols._common import jsonio
-from protocols._common.http import json_response
+from protocols._common.http import json_response, retry_headers
 from protocols._common.streaming import sse_event
 from server.core.errors import (
     AdapterNotFound,
     GatewayError,
     InvalidRequest,
-    Overloaded,
-    ServiceUnavailable,
 )
 
 DONE = b"data: [DONE]\n\n"
@@ -81,10 +79,7 @@ def error_body(exc: GatewayError) -> dict[str, Any]:
 
 def render(exc: GatewayError) -> Response:
     status, _ = status_and_type(exc)
-    headers = {}
-    if isinstance(exc, Overloaded | ServiceUnavailable):
-        headers["retry-after"] = str(exc.retry_after_s)
-    return json_response(error_body(exc), status, headers)
+    return json_response(error_body(exc), status, retry_headers(exc))
 
 
 def stream_error(exc: GatewayError) -> bytes:
