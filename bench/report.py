@@ -179,6 +179,7 @@ def a_section(results: Results) -> tuple[str, dict[str, Any]]:
              "ratio gateway/vLLM", "per-pair ratio: median (min–max)"], rows))  # fmt: skip
         parts.append("")
     parts.append(_a_cpu(results, labels))
+    parts.append(gc_section(results))
     parts.append(_a_memory(results))
     parts.append(_a_crosscheck(results))
     parts.append(profile_tables(results, "A"))
@@ -226,6 +227,73 @@ def _a_setup(results: Results) -> str:
         "workload on each arm.\n",
     ]
     return "\n".join(lines)
+
+
+def gc_pauses(results: Results) -> list[Row]:
+    pauses: list[Row] = []
+    for path in sorted((results.dir / "logs").glob("*.gc.jsonl")):
+        session = path.name.removesuffix(".gc.jsonl")
+        pauses += [{**p, "session": session} for p in read_jsonl(path)]
+    return pauses
+
+
+def _pauses_in(window: Row, pauses: list[Row]) -> list[Row]:
+    end = window["time"] + window["duration_s"]
+    return [
+        p for p in pauses
+        if p["session"] == window["session"] and window["time"] <= p["t"] <= end and p["gen"] == 2
+    ]  # fmt: skip
+
+
+def gc_section(results: Results) -> str:
+    pauses = gc_pauses(results)
+    if not pauses:
+        return ""
+    rows = []
+    for label in ("chat-stream", "completions", "completions-stream"):
+        windows = results.select("A", arm="gateway", label=label)
+        hit = [w for w in windows if _pauses_in(w, pauses)]
+        clean = [w for w in windows if not _pauses_in(w, pauses)]
+        longest = max((p["ms"] for w in hit for p in _pauses_in(w, pauses)), default=None)
+        rows.append([
+            label, f"{len(hit)} / {len(windows)}", fmt(longest, 0),
+            fmt(median(values(hit, "req_per_s"))), fmt(median(values(clean, "req_per_s"))),
+            fmt(median(values(hit, "ttft_ms.p99"))), fmt(median(values(clean, "ttft_ms.p99"))),
+        ])  # fmt: skip
+    frozen = results.select("G", label="chat-stream-gc-freeze")
+    measured = results.select("A", arm="gateway") + results.select("P", arm="gateway")
+    longest = max((p["ms"] for w in measured for p in _pauses_in(w, pauses)), default=None)
+    text = [
+        "Stalls: the gateway arm runs with a passive garbage-collector log "
+        "(`bench/gateway_variant.py --gc-log`). Full (generation 2) collections of the "
+        "front-end's heap, which holds everything torch, transformers and vLLM loaded at start, "
+        f"took up to {fmt(longest, 0)} ms each during the measured windows, and while one runs "
+        "the event loop serves nobody. vLLM's API server does not pay this: it calls "
+        "`gc.freeze()` on its start-up heap (`vllm.utils.gc_utils.freeze_gc_heap`).\n",
+        table(
+            [
+                "workload (gateway arm)",
+                "windows with a gen-2 pause",
+                "longest pause ms",
+                "req/s, windows with a pause",
+                "req/s, windows without",
+                "TTFT p99 ms, with",
+                "TTFT p99 ms, without",
+            ],
+            rows,
+        ),
+        "",
+    ]
+    if frozen:
+        text.append(
+            f"Diagnostic arm (not in the ratios): the same gateway with `gc.collect(); "
+            f"gc.freeze()` when it turns ready (`--gc-freeze`), {len(frozen)} streaming-chat "
+            f"windows right after start-up: median {fmt(median(values(frozen, 'req_per_s')))} "
+            f"req/s, TTFT median {fmt(median(values(frozen, 'ttft_ms.median')))} ms, p99 "
+            f"{fmt(median(values(frozen, 'ttft_ms.p99')))} ms, gen-2 pauses during them: "
+            f"{sum(len(_pauses_in(w, pauses)) for w in frozen)}.\n"
+        )
+    return "\n".join(text)
 
 
 def _relative(value: Any) -> Any:
@@ -279,6 +347,8 @@ def memory(results: Results) -> dict[str, Any]:
             ),
         }
     out["ratio"] = ratio(out["gateway"]["rss"], out["vllm"]["rss"])
+    floor = results.note("import_floor")
+    out["floor"] = floor[0]["rss_mib"] if floor else None
     return out
 
 
@@ -303,8 +373,17 @@ def _a_memory(results: Results) -> str:
             ],
             rows,
         )
-        + f"\n\nFront-end RSS ratio gateway / vLLM API server: **{fmt_ratio(mem['ratio'])}**.\n"
+        + f"\n\nFront-end RSS ratio gateway / vLLM API server: **{fmt_ratio(mem['ratio'])}**. "
+        f"For scale: a bare Python process that only imports vLLM's `AsyncLLM` (which both "
+        f"front-ends run in-process: torch, transformers, vLLM) is {fmt(mem['floor'], 0)} MiB "
+        f"resident; above that floor the gateway adds "
+        f"{fmt(_minus(mem['gateway']['rss'], mem['floor']), 0)} MiB and vLLM's API server "
+        f"{fmt(_minus(mem['vllm']['rss'], mem['floor']), 0)} MiB.\n"
     )
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
 
 
 def _a_crosscheck(results: Results) -> str:

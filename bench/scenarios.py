@@ -19,6 +19,8 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -58,8 +60,9 @@ class Plan:
     crosscheck: bool = True
     profile: bool = True
     profile_s: float = 8.0
-    b_rounds: int = 2
-    b_window_s: float = 1.5
+    gc_freeze_check: bool = True
+    b_rounds: int = 3
+    b_window_s: float = 1.0
     b_concurrency: int = 32
     b_stream_tokens: int = 64
     c_reps: int = 2
@@ -79,6 +82,7 @@ QUICK = Plan(
     a_warmup=8,
     crosscheck=False,
     profile_s=2.0,
+    gc_freeze_check=False,
     b_rounds=1,
     b_window_s=0.5,
     c_reps=1,
@@ -103,11 +107,18 @@ def session(server: Server, run: Run, scenario: str, arm: str, **tags: Any) -> I
         server.stop()
 
 
-def start_arm(arm: str, name: str, run: Run, engine: EngineSettings) -> Server:
+def start_arm(
+    arm: str, name: str, run: Run, engine: EngineSettings, variant: tuple[str, ...] = ()
+) -> Server:
     print(f"  starting {name} ...", flush=True)
     if arm == "vllm":
         return start_vllm(name, run.logs, engine)
-    return start_gateway(name, run.logs, engine="vllm", engine_settings=engine)
+    return start_gateway(name, run.logs, engine="vllm", engine_settings=engine, variant=variant)
+
+
+def gc_log(run: Run, name: str) -> tuple[str, ...]:
+    """The passive GC-pause log switch for a gateway session (see bench/gateway_variant.py)."""
+    return ("--gc-log", str(run.logs / f"{name}.gc.jsonl"))
 
 
 # -- A ---------------------------------------------------------------------------------------
@@ -127,7 +138,9 @@ def scenario_a(run: Run, plan: Plan) -> None:
     for rnd in range(plan.a_rounds):
         for arm in ("vllm", "gateway"):
             name = f"A-{arm}-r{rnd}"
-            with session(start_arm(arm, name, run, engine), run, "A", arm, round=rnd) as server:
+            variant = gc_log(run, name) if arm == "gateway" else ()
+            server = start_arm(arm, name, run, engine, variant)
+            with session(server, run, "A", arm, round=rnd):
                 for rep in range(plan.a_reps):
                     for label, protocol, stream in A_WORKLOADS:
                         workload = Workload(
@@ -145,6 +158,43 @@ def scenario_a(run: Run, plan: Plan) -> None:
                     crosscheck(run, server, arm, engine, plan, prompts)
                 if rnd == last and plan.profile:
                     profile(run, server, arm, plan, prompts)
+    if plan.gc_freeze_check:
+        gc_freeze_check(run, engine, plan, prompts)
+    run.note("import_floor", rss_mib=import_floor())
+
+
+def gc_freeze_check(run: Run, engine: EngineSettings, plan: Plan, prompts: tuple[str, ...]) -> None:
+    """Diagnostic (scenario "G", not in the ratios): the gateway with its start-up heap frozen
+    (`gc.freeze()`, as vLLM's server does), same chat workload as A's first windows."""
+    name = "A-gateway-gcfreeze"
+    variant = ("--gc-freeze", *gc_log(run, name))
+    with session(start_arm("gateway", name, run, engine, variant), run, "G", "gateway") as server:
+        for rep in range(plan.a_reps + 1):
+            workload = Workload(
+                protocol="openai-chat",
+                stream=True,
+                max_tokens=plan.a_max_tokens,
+                prompts=prompts,
+                concurrency=plan.a_concurrency,
+                requests=plan.a_requests,
+                warmup=plan.a_warmup,
+                prompt_len=plan.a_prompt_len,
+            )
+            run.window("G", "gateway", server, workload, "chat-stream-gc-freeze", rep=rep)
+
+
+def import_floor() -> float | None:
+    """RSS of a bare interpreter after importing vLLM's AsyncLLM: the least a front-end that
+    runs the engine client in-process can weigh (both arms do)."""
+    code = (
+        "import re, vllm.v1.engine.async_llm\n"
+        "print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    lines = done.stdout.split()
+    return int(lines[-1]) / 1024 if done.returncode == 0 and lines else None
 
 
 def crosscheck(
@@ -271,9 +321,8 @@ def _start_b(variant: str, options: dict[str, bool], run: Run, rnd: int, capture
     tls = options["tls"]
     if variant.startswith("bare"):
         return start_bare(name, run.logs, capture, tls=tls, cpus={0})
-    return start_gateway(
-        name, run.logs, engine="fake", tls=tls, metrics=options["metrics"], cpus={0}
-    )
+    variant = () if options["metrics"] else ("--no-metrics",)
+    return start_gateway(name, run.logs, engine="fake", tls=tls, variant=variant, cpus={0})
 
 
 def _b_workload(protocol: str, stream: bool, prompts: tuple[str, ...], plan: Plan) -> Workload:

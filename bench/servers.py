@@ -325,15 +325,16 @@ def start_gateway(
     tls: bool = False,
     overrides: dict[str, Any] | None = None,
     cpus: set[int] | None = None,
-    metrics: bool = True,
+    variant: tuple[str, ...] = (),
 ) -> Server:
-    """The gateway; `metrics=False` runs it through `bench.gateway_variant` with metrics off."""
+    """The gateway (`python -m server`), or with `variant` switches of `bench.gateway_variant`
+    (`--no-metrics`, `--gc-log FILE`, `--gc-freeze`)."""
     config = gateway_config(engine, engine_settings, tls, overrides or {})
     log_dir.mkdir(parents=True, exist_ok=True)
     config_path = log_dir / f"{name}.config.json"
     config_path.write_text(json.dumps(config, indent=2))
     env = engine_settings.env() if engine_settings else dict(ENGINE_ENV)
-    launcher = ["-m", "server"] if metrics else ["-m", "bench.gateway_variant", "--no-metrics"]
+    launcher = ["-m", "bench.gateway_variant", *variant] if variant else ["-m", "server"]
     argv = [PY, *launcher, "--config", str(config_path)]
     process, log_path = _spawn(name, "gateway", argv, env, log_dir, cpus)
     srv = config["ServerConfig"]

@@ -41,7 +41,10 @@ def summarize(records: Iterable[Record | dict[str, Any]], duration_s: float) -> 
     tpots = [
         (r["latency"] - r["ttft"]) / (r["tokens"] - 1)
         for r in done
-        if r["tokens"] > 1 and r["latency"] is not None and r["ttft"] is not None
+        if r["tokens"] > 1
+        and r["text_events"] > 1
+        and r["latency"] is not None
+        and r["ttft"] is not None
     ]
     itls = [gap for r in done for gap in r["itl"]]
     duration = max(duration_s, 1e-9)
