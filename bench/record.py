@@ -112,7 +112,7 @@ class Run:
         label: str,
         **tags: Any,
     ) -> dict[str, Any]:
-        """Run one window against `server`, record it, return its summary."""
+        """Run one window against `server`, record it, return its row (figures in "summary")."""
         target = Target.parse(server.url, server.tls)
         tree = descendants(server.pid)
         front0 = cpu_seconds(server.pid)
@@ -152,7 +152,7 @@ class Run:
             [{"window": window_id, **dataclasses.asdict(r)} for r in result.records],
         )
         _print_window(row)
-        return summary
+        return row
 
     def session(self, server: Server, scenario: str, arm: str, **tags: Any) -> dict[str, Any]:
         """Record a server session (call after its windows, before stopping it)."""

@@ -399,6 +399,7 @@ def _a_crosscheck(results: Results) -> str:
         ("TPOT median (ms)", "median_tpot_ms", "tpot_ms.median"),
         ("ITL median (ms)", "median_itl_ms", "itl_ms.median"),
         ("E2E latency median (ms)", "median_e2el_ms", "e2el_ms.median"),
+        ("load generator CPU (cores)", "client_cpu_share", "client_cpu_share"),
     )
     for note in notes:
         theirs = note["vllm_bench"] or {}
@@ -478,12 +479,47 @@ def b_table(results: Results) -> dict[str, dict[str, dict[str, Any]]]:
         protocol, _, mode = window["label"].rpartition("-")
         path = "events_per_s" if mode == "stream" else "req_per_s"
         entry = out[protocol][mode].setdefault(
-            window["arm"], {"values": [], "client": [], "server": []}
+            window["arm"], {"values": [], "client": [], "server": [], "cost_us": []}
         )
-        entry["values"].append(pick(window["summary"], path))
+        summary = window["summary"]
+        entry["values"].append(pick(summary, path))
         entry["client"].append(window["client_cpu_share"])
         entry["server"].append(window["server_cpu_share"])
+        units = summary["events_per_s"] * window["duration_s"] if mode == "stream" else None
+        units = units if units is not None else summary["completed"]
+        entry["cost_us"].append(window["server_cpu_s"] * 1e6 / units if units else None)
     return out
+
+
+def _b_costs(data: dict[str, Any]) -> str:
+    variants = ("gateway", "bare", "gateway-tls", "bare-tls", "gateway-nometrics")
+    rows = []
+    for protocol, modes in data.items():
+        row = [protocol]
+        for mode in ("whole", "stream"):
+            entries = modes.get(mode, {})
+            row += [fmt(median((entries.get(v) or {}).get("cost_us", [])), 0) for v in variants]
+        bare = [
+            median(modes.get(m, {}).get("bare", {}).get("server", [])) for m in ("whole", "stream")
+        ]
+        row.append(" / ".join(fmt(b, 2) for b in bare))
+        rows.append(row)
+    names = ["gateway", "bare", "gateway TLS", "bare TLS", "gateway no metrics"]
+    return (
+        "Server CPU per unit of work (µs of the server process's CPU per non-streamed request, "
+        "and per streamed event), the cost behind the ratios above; last column: how busy the "
+        "bare server's core was (1.00 = saturated):\n\n"
+        + table(
+            [
+                "protocol",
+                *(f"request: {n}" for n in names),
+                *(f"event: {n}" for n in names),
+                "bare server CPU, non-stream / stream",
+            ],
+            rows,
+        )
+        + "\n"
+    )
 
 
 def b_section(results: Results) -> tuple[str, dict[str, Any]]:
@@ -536,6 +572,7 @@ def b_section(results: Results) -> tuple[str, dict[str, Any]]:
         parts.append("")
     rounds = len({w["tags"].get("round") for w in results.select("B")})
     parts.append(f"Medians over {rounds} rounds (each round starts every server once).\n")
+    parts.append(_b_costs(data))
     parts.append(profile_tables(results, "B"))
     _plot_b(ratios)
     parts.append("![Scenario B ratios](plots/b_ratios.png)\n")

@@ -130,6 +130,13 @@ A_WORKLOADS = (
 )
 
 
+def rotated(items: tuple[Any, ...], shift: int) -> tuple[Any, ...]:
+    """Each workload in turn runs first after a start (when the first full GC of a fresh
+    process tends to land), on both arms alike."""
+    shift %= len(items)
+    return items[shift:] + items[:shift]
+
+
 def scenario_a(run: Run, plan: Plan) -> None:
     engine = EngineSettings()
     run.note("engine", scenario="A", **_engine_note(engine))
@@ -142,7 +149,7 @@ def scenario_a(run: Run, plan: Plan) -> None:
             server = start_arm(arm, name, run, engine, variant)
             with session(server, run, "A", arm, round=rnd):
                 for rep in range(plan.a_reps):
-                    for label, protocol, stream in A_WORKLOADS:
+                    for label, protocol, stream in rotated(A_WORKLOADS, rnd + rep):
                         workload = Workload(
                             protocol=protocol,
                             stream=stream,
@@ -231,10 +238,11 @@ def crosscheck(
     keys = (
         "request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
         "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "median_e2el_ms", "completed",
-        "failed", "duration",
+        "failed", "duration", "client_cpu_share",
     )  # fmt: skip
     theirs = {k: result.get(k) for k in keys} if result else None
-    run.note("crosscheck", arm=arm, vllm_bench=theirs, ours=ours)
+    mine = {**ours["summary"], "client_cpu_share": ours["client_cpu_share"]}
+    run.note("crosscheck", arm=arm, vllm_bench=theirs, ours=mine)
 
 
 def profile(run: Run, server: Server, arm: str, plan: Plan, prompts: tuple[str, ...]) -> None:

@@ -18,13 +18,25 @@ from typing import Any
 
 from bench.servers import ROOT, Server
 
+# The benchmark coroutine is wrapped to report the client's own CPU use while it runs.
 _VLLM_BENCH = (
-    "import sys\n"
-    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "import json, resource, sys, time\n"
+    "import vllm.benchmarks.serve as serve\n"
     "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "inner = serve.benchmark\n"
+    "def cpu():\n"
+    "    usage = resource.getrusage(resource.RUSAGE_SELF)\n"
+    "    return usage.ru_utime + usage.ru_stime\n"
+    "async def timed(*args, **kwargs):\n"
+    "    cpu0, wall0 = cpu(), time.perf_counter()\n"
+    "    result = await inner(*args, **kwargs)\n"
+    "    spent = {'cpu_s': cpu() - cpu0, 'wall_s': time.perf_counter() - wall0}\n"
+    "    print('BENCH_CPU ' + json.dumps(spent), flush=True)\n"
+    "    return result\n"
+    "serve.benchmark = timed\n"
     "parser = FlexibleArgumentParser()\n"
-    "add_cli_args(parser)\n"
-    "main(parser.parse_args(sys.argv[1:]))\n"
+    "serve.add_cli_args(parser)\n"
+    "serve.main(parser.parse_args(sys.argv[1:]))\n"
 )
 
 
@@ -65,6 +77,10 @@ def vllm_bench_serve(
         print(f"  vllm bench serve failed ({done.returncode}); see {log}")
         return None
     data: dict[str, Any] = json.loads(result.read_text())
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("BENCH_CPU "):
+            spent = json.loads(line.removeprefix("BENCH_CPU "))
+            data["client_cpu_share"] = spent["cpu_s"] / max(spent["wall_s"], 1e-9)
     return data
 
 
