@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any, cast
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar, cast
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -118,6 +118,21 @@ def _target(ctx: ProtocolContext, model: str) -> str | None:
     raise ModelNotFound(f"Model or workflow not found: {model}", param=None)
 
 
+T = TypeVar("T")
+
+
+async def _registered(work: Awaitable[T]) -> T:
+    """An adapter unregistered between our check and the engine is DJL's 424, not a 404."""
+    try:
+        return await work
+    except ModelNotFound as exc:
+        if isinstance(exc, AdapterNotFound):
+            raise
+        raise AdapterNotFound(
+            f"Adapter is not registered: {exc.message}", param="adapters"
+        ) from None
+
+
 async def _infer(ctx: ProtocolContext, request: Request, workflow: str | None) -> Response:
     body = parse_model(LmiRequest, decode_json(await read_body(request, ctx.max_body_bytes)))
     texts = translate.input_texts(body, ctx.bounds)
@@ -129,7 +144,7 @@ async def _infer(ctx: ProtocolContext, request: Request, workflow: str | None) -
         bounds=ctx.bounds,
     )
     if plan.stream:
-        stream = await ctx.service.start(plan.requests[0])
+        stream = await _registered(ctx.service.start(plan.requests[0]))
         lines = _lines(stream, translate.StreamEncoder(plan))
         return cast(Response, StreamResponse(lines, media_type=JSONLINES))
     service = ctx.service
@@ -138,7 +153,7 @@ async def _infer(ctx: ProtocolContext, request: Request, workflow: str | None) -
         if len(plan.requests) == 1
         else service.generate_batch(plan.requests)
     )
-    result = await while_connected(request, work)
+    result = await _registered(while_connected(request, work))
     texts_of_prompt: list[str] = []
     if plan.prefill:
         texts_of_prompt = ctx.service.engine.token_texts(list(result.prompt.prompt_token_ids))
