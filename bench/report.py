@@ -245,6 +245,14 @@ def _pauses_in(window: Row, pauses: list[Row]) -> list[Row]:
     ]  # fmt: skip
 
 
+def gc_note(window: Row, pauses: list[Row]) -> str:
+    """The longest gen-2 GC pause inside a gateway window ("n/a" where none is logged)."""
+    if not any(p["session"] == window["session"] for p in pauses):
+        return "n/a"
+    found = _pauses_in(window, pauses)
+    return f"{max(p['ms'] for p in found):.0f} ms" if found else "–"
+
+
 def gc_section(results: Results) -> str:
     pauses = gc_pauses(results)
     if not pauses:
@@ -401,16 +409,23 @@ def _a_crosscheck(results: Results) -> str:
         ("E2E latency median (ms)", "median_e2el_ms", "e2el_ms.median"),
         ("load generator CPU (cores)", "client_cpu_share", "client_cpu_share"),
     )
-    for note in notes:
-        theirs = note["vllm_bench"] or {}
+    for arm in ("vllm", "gateway"):
+        runs = [n for n in notes if n["arm"] == arm]
+        if not runs:
+            continue
         for name, their_key, our_path in keys:
-            mine = pick(note["ours"], our_path)
-            rows.append([note["arm"], name, fmt(theirs.get(their_key)), fmt(mine),
-                         fmt_ratio(ratio(mine, theirs.get(their_key)))])  # fmt: skip
+            theirs = [(n["vllm_bench"] or {}).get(their_key) for n in runs]
+            mine = [pick(n["ours"], our_path) for n in runs]
+            rows.append([
+                arm, name, " / ".join(fmt(v) for v in theirs), " / ".join(fmt(v) for v in mine),
+                fmt_ratio(ratio(median(mine), median(theirs))),
+            ])  # fmt: skip
     return (
         "Cross-check of our OpenAI client against vLLM's own serving benchmark "
         "(`vllm.benchmarks.serve`, `--backend openai --dataset-name random`, same target, same "
-        "concurrency, prompt and output lengths, streaming completions, run back to back):\n\n"
+        "concurrency, prompt and output lengths, streaming completions; vLLM's tool then ours, "
+        "back to back, in each of the last two sessions of each arm; both runs shown, ratio of "
+        "medians):\n\n"
         + table(
             ["target", "metric", "vllm.benchmarks.serve", "bench (ours)", "ours / vLLM's"], rows
         )
@@ -617,9 +632,15 @@ def c_section(results: Results) -> tuple[str, dict[str, Any]]:
     if not windows:
         return "", {}
     figures: dict[str, Any] = {}
+    pauses = gc_pauses(results)
     for label in C_MIXES:
         chosen = [w for w in windows if w["label"] == label]
         figures[label] = {
+            "gc": (
+                f"{sum(1 for w in chosen if _pauses_in(w, pauses))} / {len(chosen)}"
+                if any(p["session"] == "C-gateway" for p in pauses)
+                else "n/a"
+            ),
             "req": median(values(chosen, "req_per_s")),
             "tok": median(values(chosen, "out_tok_per_s")),
             "ttft": median(values(chosen, "ttft_ms.median")),
@@ -632,7 +653,7 @@ def c_section(results: Results) -> tuple[str, dict[str, Any]]:
         [label, fmt(f["req"]), fmt(f["tok"], 0), fmt(f["ttft"]), fmt(f["ttft99"]),
          fmt(f["tpot"], 2),
          fmt_ratio(ratio(f["req"], base["req"])), fmt_ratio(ratio(f["ttft"], base["ttft"])),
-         str(f["windows"])]
+         str(f["windows"]), f["gc"]]
         for label, f in figures.items()
     ]  # fmt: skip
     engine = (results.note("engine", scenario="C") or [{}])[0].get("settings", {})
@@ -655,6 +676,7 @@ def c_section(results: Results) -> tuple[str, dict[str, Any]]:
                 "throughput vs base",
                 "TTFT vs base",
                 "windows",
+                "windows with a gen-2 GC pause",
             ],
             rows,
         ),
@@ -750,6 +772,7 @@ def d_section(results: Results) -> tuple[str, dict[str, Any]]:
         f"{_d_tokens(results)} output tokens (ignore_eos), one session per server.\n",
     ]
     figures: dict[str, Any] = {}
+    pauses = gc_pauses(results)
     for prefix, title, xname in (
         ("concurrency-", "Closed loop, 64-token prompts", "concurrency"),
         ("prompt-", "Closed loop, concurrency 16", "prompt tokens"),
@@ -764,25 +787,38 @@ def d_section(results: Results) -> tuple[str, dict[str, Any]]:
                     arm, f"{x:g}", fmt(s["req_per_s"]), fmt(s["out_tok_per_s"], 0),
                     fmt(pick(s, "ttft_ms.median")), fmt(pick(s, "ttft_ms.p99")),
                     fmt(pick(s, "tpot_ms.median"), 2), fmt(pick(s, "e2el_ms.p99")),
-                    str(s["failed"]),
+                    str(s["failed"]), gc_note(w, pauses),
                 ])  # fmt: skip
         parts.append(f"### {title}\n")
         parts.append(table(
             ["arm", xname, "req/s", "out tok/s", "TTFT median ms", "TTFT p99 ms",
-             "TPOT median ms", "E2E p99 ms", "failed"], rows))  # fmt: skip
+             "TPOT median ms", "E2E p99 ms", "failed", "gen-2 GC pause in window"],
+            rows))  # fmt: skip
         if prefix == "concurrency-":
             sat = {arm: saturation(points) for arm, points in series.items()}
             figures["saturation"] = sat
-            parts.append(
-                "\nThroughput reaches 90 % of its best at concurrency "
-                + ", ".join(f"{arm} {fmt(v, 0)}" for arm, v in sat.items())
-                + "; beyond that, extra concurrency only adds queueing to TTFT.\n"
-            )
+            parts.append("\n" + _saturation_text(sat, series) + "\n")
         parts.append("")
         figures[prefix.rstrip("-")] = series
     _plot_d(figures)
     parts.append("![Scenario D](plots/d_scaling.png)\n")
     return "\n".join(parts), figures
+
+
+def _saturation_text(sat: dict[str, float | None], series: dict[str, Any]) -> str:
+    parts = []
+    for arm, point in sat.items():
+        last = series[arm][-1][0] if series.get(arm) else None
+        if point is None or last is None:
+            continue
+        if point >= last:
+            parts.append(f"{arm}: still rising at concurrency {last:g} (no plateau in the sweep)")
+        else:
+            parts.append(
+                f"{arm}: within 10 % of its best from concurrency {point:g} on; more "
+                "concurrency beyond that mostly adds queueing to TTFT"
+            )
+    return "Saturation (output tokens/s within 10 % of the sweep's best): " + "; ".join(parts) + "."
 
 
 def _d_tokens(results: Results) -> str:

@@ -161,8 +161,8 @@ def scenario_a(run: Run, plan: Plan) -> None:
                             prompt_len=plan.a_prompt_len,
                         )
                         run.window("A", arm, server, workload, label, round=rnd, rep=rep)
-                if rnd == last and plan.crosscheck:
-                    crosscheck(run, server, arm, engine, plan, prompts)
+                if rnd >= last - 1 and plan.crosscheck:
+                    crosscheck(run, server, arm, engine, plan, prompts, rnd)
                 if rnd == last and plan.profile:
                     profile(run, server, arm, plan, prompts)
     if plan.gc_freeze_check:
@@ -205,13 +205,19 @@ def import_floor() -> float | None:
 
 
 def crosscheck(
-    run: Run, server: Server, arm: str, engine: EngineSettings, plan: Plan, prompts: tuple[str, ...]
+    run: Run,
+    server: Server,
+    arm: str,
+    engine: EngineSettings,
+    plan: Plan,
+    prompts: tuple[str, ...],
+    rnd: int,
 ) -> None:
     """vLLM's serving benchmark and our OpenAI client, same target and load, back to back."""
     result = vllm_bench_serve(
         server,
         run.dir / "vllm-bench",
-        f"{arm}",
+        f"{arm}-r{rnd}",
         model_dir=engine.model,
         served_name=engine.served_name,
         requests=plan.a_requests,
@@ -234,6 +240,7 @@ def crosscheck(
             prompt_len=plan.a_prompt_len,
         ),
         "ours-completions-stream",
+        round=rnd,
     )
     keys = (
         "request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
@@ -242,7 +249,7 @@ def crosscheck(
     )  # fmt: skip
     theirs = {k: result.get(k) for k in keys} if result else None
     mine = {**ours["summary"], "client_cpu_share": ours["client_cpu_share"]}
-    run.note("crosscheck", arm=arm, vllm_bench=theirs, ours=mine)
+    run.note("crosscheck", arm=arm, round=rnd, vllm_bench=theirs, ours=mine)
 
 
 def profile(run: Run, server: Server, arm: str, plan: Plan, prompts: tuple[str, ...]) -> None:
@@ -404,7 +411,7 @@ def scenario_c(run: Run, plan: Plan) -> None:
         ("8-adapters", tuple(names[:8])),
         ("64-adapters", tuple(names)),
     )
-    server = start_arm("gateway", "C-gateway", run, engine)
+    server = start_arm("gateway", "C-gateway", run, engine, gc_log(run, "C-gateway"))
     with session(server, run, "C", "gateway"):
         for rep in range(plan.c_reps):
             for label, models in mixes:
@@ -480,7 +487,9 @@ def scenario_d(run: Run, plan: Plan) -> None:
     run.note("engine", scenario="D", **_engine_note(engine))
     prompt_sets = {n: prompt_set(n, 64, engine.model, seed=n) for n in (64, *plan.d_prompt_lens)}
     for arm in ("vllm", "gateway"):
-        with session(start_arm(arm, f"D-{arm}", run, engine), run, "D", arm) as server:
+        name = f"D-{arm}"
+        variant = gc_log(run, name) if arm == "gateway" else ()
+        with session(start_arm(arm, name, run, engine, variant), run, "D", arm) as server:
             for concurrency in plan.d_concurrency:
                 workload = _d_workload(prompt_sets[64], plan, concurrency=concurrency)
                 requests = min(max(32, 8 * concurrency), 512)
