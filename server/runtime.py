@@ -24,6 +24,7 @@ from server.core.engine import Engine
 from server.core.errors import GatewayError, ServiceUnavailable
 from server.core.lifecycle import Lifecycle, State
 from server.gateway import Gateway, build_gateway, listener_app, register_startup_adapters
+from server.limits import CONNECTIONS_PER_LINK, HttpLimits, limited_protocol
 from server.settings import Settings
 from server.tls import build_context, check_bind_address, tls_files
 
@@ -112,10 +113,13 @@ def uvicorn_config(app: ASGIApp, listener: Listener, settings: Settings) -> uvic
         log_config=None,
         timeout_keep_alive=int(settings.ServerConfig.keepAliveTimeout),
         timeout_graceful_shutdown=int(settings.LimitsConfig.drainTimeout) + 5,
-        limit_concurrency=settings.ServerConfig.maxLinkNum * 3 + 1,
+        # backstop only: server/limits.py already caps connections at 3 × maxLinkNum
+        limit_concurrency=settings.ServerConfig.maxLinkNum * CONNECTIONS_PER_LINK + 1,
         server_header=False,
     )
     config.load()
+    # httptools bounds neither the request head nor its arrival time (RELIABILITY_PERF.md B.4)
+    config.http_protocol_class = limited_protocol(HttpLimits.from_settings(settings.ServerConfig))
     if files is not None:
         config.ssl = build_context(files)
     return config

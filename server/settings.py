@@ -55,9 +55,10 @@ class ServerSection(_Section):
     metricsTlsCrlFiles: list[str] | None = None
     maxLinkNum: int = Field(1000, ge=1, le=100_000)
     maxRequestLength: int = Field(40, ge=1, le=100)  # MB, as MindIE
-    maxHeaderBytes: int = Field(65_536, ge=1024)
+    maxHeaderBytes: int = Field(65_536, ge=1024)  # request line + headers → 431 beyond
     maxHeaderCount: int = Field(100, ge=1)
     requestReceiveTimeout: float = Field(30.0, gt=0)  # whole request must arrive within (slowloris)
+    sendTimeout: float = Field(60.0, gt=0)  # a client that reads nothing this long is dropped
     keepAliveTimeout: float = Field(5.0, gt=0)
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -49,7 +50,8 @@ class RunningServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.data_port}"
+        scheme = "https" if self.config["ServerConfig"].get("httpsEnabled") else "http"
+        return f"{scheme}://127.0.0.1:{self.data_port}"
 
     @property
     def management_url(self) -> str:
@@ -144,6 +146,7 @@ def running_server(
     engine: str = "vllm",
     overrides: dict[str, Any] | None = None,
     ready_timeout: float = 180.0,
+    client_tls: ssl.SSLContext | None = None,  # to probe an https data listener
 ) -> Iterator[RunningServer]:
     ensure_assets()
     config = merge(base_config(engine), overrides or {})
@@ -175,13 +178,15 @@ def running_server(
         metrics_port=config["ServerConfig"]["metricsPort"],
     )
     try:
-        wait_ready(server, ready_timeout)
+        wait_ready(server, ready_timeout, client_tls)
         yield server
     finally:
         server.stop()
 
 
-def wait_ready(server: RunningServer, timeout: float) -> None:
+def wait_ready(
+    server: RunningServer, timeout: float, client_tls: ssl.SSLContext | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
@@ -189,7 +194,8 @@ def wait_ready(server: RunningServer, timeout: float) -> None:
                 f"server exited with {server.process.returncode}:\n{server.log()[-4000:]}"
             )
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+            response = httpx.get(f"{server.url}/health", timeout=2, verify=client_tls or True)
+            if response.status_code == 200:
                 return
         time.sleep(0.5)
     raise RuntimeError(f"server not ready after {timeout}s:\n{server.log()[-4000:]}")

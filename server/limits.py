@@ -1,0 +1,289 @@
+"""HTTP limits below and at the ASGI edge: what uvicorn with httptools does not bound by itself.
+
+Measured (RELIABILITY_PERF.md B.4): httptools accepts an 8 MB header, nothing bounds how long a
+request may take to arrive (slowloris), and a client that stops reading a stream holds its
+admission slot forever. `limited_protocol` wraps uvicorn's httptools protocol class:
+
+- request head: at most `maxHeaderCount` headers and `maxHeaderBytes` bytes (request line and
+  headers) → 431 (414 for an over-long URL) and the connection closed; the raw bytes of a head
+  still incomplete are counted too, so a single endless header is cut off early;
+- `requestReceiveTimeout`: a whole request (head and body) must arrive within this many seconds
+  of its first byte (of the connection, for a connection's first request) → 408 and close.
+  The deadline is disarmed once the request is complete, so long streams are unaffected
+  (the idea of xorbitsai/inference#5213's RequestDeadlineMixin);
+- `sendTimeout`: a client that leaves our output unread for this long is dropped, which aborts
+  its engine request and frees its slot;
+- at most 3 × `maxLinkNum` connections per listener (MindIE: maxLinkNum served, twice that
+  queued, the next refused): an idle keep-alive connection is closed to make room, and if none
+  is idle the new connection gets 503 and is closed.
+
+`BodyLimitMiddleware` is the ASGI backstop for request bodies: protocol routes already refuse
+more than `maxRequestLength` in `read_body` with their own error shape; this refuses a declared
+Content-Length beyond it up front and counts the bytes of every route's `receive` (chunked
+bodies included), raising `PayloadTooLarge` from it, so a route that reads its body any other
+way still gets a 413 in its route's shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeGuard
+
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from server.core.errors import GatewayError, PayloadTooLarge
+from server.settings import ServerSection
+
+CONNECTIONS_PER_LINK = 3  # MindIE: maxLinkNum served + 2 × maxLinkNum queued
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HttpLimits:
+    max_header_bytes: int
+    max_header_count: int
+    receive_timeout_s: float
+    send_timeout_s: float
+    max_connections: int
+
+    @classmethod
+    def from_settings(cls, server: ServerSection) -> HttpLimits:
+        return cls(
+            max_header_bytes=server.maxHeaderBytes,
+            max_header_count=server.maxHeaderCount,
+            receive_timeout_s=server.requestReceiveTimeout,
+            send_timeout_s=server.sendTimeout,
+            max_connections=server.maxLinkNum * CONNECTIONS_PER_LINK,
+        )
+
+
+class _HeadRefused(Exception):
+    """Raised inside a parser callback; httptools turns it into HttpParserCallbackError."""
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with head limits, a receive deadline, a send timeout and a
+    connection cap. Subclassed per listener by `limited_protocol` (which sets `limits`)."""
+
+    limits: ClassVar[HttpLimits]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._stalled: asyncio.TimerHandle | None = None
+        self._in_message = False  # a request has begun and not fully arrived
+        self._in_head = True  # bytes now arriving belong to a request head
+        self._raw_head = 0
+        self._head_bytes = 0
+        self._header_count = 0
+        self._refusal: tuple[int, str] | None = None
+
+    # ---- connection ----------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections and not self._make_room():
+            self._answer(503, "Too many connections")
+            return
+        self._arm_deadline()  # a fresh connection must deliver its first request in time
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_deadline()
+        self._cancel_stall()
+        super().connection_lost(exc)
+
+    def _make_room(self) -> bool:
+        """Close one idle keep-alive connection (nginx does the same); False if none is idle."""
+        idle = [c for c in self.connections if c is not self and _idle(c)]
+        if not idle:
+            return False
+        idle.sort(key=_never_used)  # served-and-idle first, then those that sent nothing yet
+        victim = idle[0]
+        victim.transport.close()
+        self.connections.discard(victim)
+        return True
+
+    # ---- request head ---------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._raw_head += len(data)
+        super().data_received(data)
+        too_long = self._in_head and self._raw_head > self.limits.max_header_bytes
+        if too_long and not self.transport.is_closing():
+            self._answer(431, "Request header fields too large")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_message = True
+        self._in_head = True
+        self._head_bytes = 0
+        self._header_count = 0
+        self._arm_deadline()
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        self._head_bytes += len(url)
+        if len(self.url) > self.limits.max_header_bytes:
+            self._refuse(414, "URI too long")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        self._head_bytes += len(name) + len(value) + 4  # ": " and CRLF
+        if self._header_count > self.limits.max_header_count:
+            self._refuse(431, "Too many request header fields")
+        if self._head_bytes > self.limits.max_header_bytes:
+            self._refuse(431, "Request header fields too large")
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._raw_head = 0
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_message = False
+        self._in_head = True
+        self._raw_head = 0
+        self._disarm_deadline()
+        super().on_message_complete()
+
+    def _refuse(self, status: int, message: str) -> None:
+        self._refusal = (status, message)
+        raise _HeadRefused(message)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn calls this for every parser error; ours carry their own status."""
+        status, text = self._refusal or (400, msg)
+        self._answer(status, text)
+
+    # ---- deadlines -----------------------------------------------------------------------
+    def _arm_deadline(self) -> None:
+        if self._deadline is None:
+            self._deadline = self.loop.call_later(
+                self.limits.receive_timeout_s, self._request_timed_out
+            )
+
+    def _disarm_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _request_timed_out(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and self.cycle.response_started:
+            self.transport.close()
+        else:
+            self._answer(408, "Request not received in time")
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stalled is None:
+            self._stalled = self.loop.call_later(self.limits.send_timeout_s, self._send_stalled)
+
+    def resume_writing(self) -> None:
+        self._cancel_stall()
+        super().resume_writing()
+
+    def _cancel_stall(self) -> None:
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
+
+    def _send_stalled(self) -> None:
+        self._stalled = None
+        self.logger.info("dropping a client that read nothing for %ss", self.limits.send_timeout_s)
+        self.transport.abort()  # close() would wait for the unread buffer to drain
+
+    # ---- answers written below ASGI ------------------------------------------------------
+    def _answer(self, status: int, message: str) -> None:
+        body = message.encode("ascii")
+        head = (
+            f"HTTP/1.1 {status} {message}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        )
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started:
+            cycle.disconnected = True  # the app's receive says so; its answer goes nowhere
+            cycle.message_event.set()
+        self.transport.write(head.encode("ascii") + body)
+        self.transport.close()
+
+
+def _idle(connection: object) -> TypeGuard[LimitedHttpToolsProtocol]:
+    """No request in progress on this connection: between requests or never used."""
+    if not isinstance(connection, LimitedHttpToolsProtocol):
+        return False
+    cycle = connection.cycle
+    return not connection._in_message and (cycle is None or cycle.response_complete)
+
+
+def _never_used(connection: LimitedHttpToolsProtocol) -> bool:
+    return connection.cycle is None
+
+
+def limited_protocol(limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
+    """A protocol class for one listener (uvicorn instantiates it per connection)."""
+    return type("ListenerHttpProtocol", (LimitedHttpToolsProtocol,), {"limits": limits})
+
+
+# ---- body backstop ----------------------------------------------------------------------
+RenderFor = Callable[[Scope, GatewayError], Response]
+
+
+def too_large(max_bytes: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"Request body is larger than the limit of {max_bytes} bytes")
+
+
+class BodyLimitMiddleware:
+    """Counts request body bytes as the app receives them; past `max_bytes`, `receive` raises
+    PayloadTooLarge (the protocols' guard renders it). If it escapes the app before a response
+    started, this answers 413 in the shape of the route (`render`)."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int, render: RenderFor) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.render = render
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            # what read_body would answer, also for routes that never read their body
+            await self.render(scope, too_large(self.max_bytes))(scope, receive, send)
+            return
+        received = 0
+        started = False
+
+        async def counted_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise too_large(self.max_bytes)
+            return message
+
+        async def watched_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, watched_send)
+        except PayloadTooLarge as exc:
+            if started:
+                raise
+            await self.render(scope, exc)(scope, receive, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
