@@ -32,6 +32,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from protocols._common.http import ADMIN_KEY
 from protocols.djl import errors as djl_errors
 from protocols.kserve_v2 import errors as kserve_errors
 from protocols.mindie import errors as mindie_errors
@@ -175,13 +176,14 @@ class AuthMiddleware:
         rule = self.table.rule_for(scope)
         token = bearer_token(scope)
         if self.keyring.allows(rule.access, token):
+            scope[ADMIN_KEY] = self.keyring.allows(Access.ADMIN, token)
             await self.app(scope, receive, send)
             return
         if rule.route is not None:
             scope.setdefault("route", rule.route)
-        what = "an admin key" if rule.access is Access.ADMIN else "an API key"
+        what = "An admin key" if rule.access is Access.ADMIN else "An API key"
         problem = "was not accepted" if token else "is required"
-        response = rule.render(Unauthorized(f"{what.capitalize()} {problem} for this route."))
+        response = rule.render(Unauthorized(f"{what} {problem} for this route."))
         challenge = 'Bearer error="invalid_token"' if token else "Bearer"
         response.headers["www-authenticate"] = challenge
         await response(scope, receive, send)
@@ -201,16 +203,19 @@ SHARED_PATH_SHAPES = {"/generate": "tgi", "/invocations": "djl", "/tokenize": "t
 RouteGroup = tuple[str, Sequence[BaseRoute]]
 
 
-CONTROL_STATUS: tuple[tuple[type[GatewayError], int], ...] = (
-    (Unauthorized, 401),
-    (PayloadTooLarge, 413),
+CONTROL_STATUS: tuple[tuple[type[GatewayError], int, str], ...] = (
+    (Unauthorized, 401, "Unauthorized"),
+    (PayloadTooLarge, 413, "Payload Too Large"),
 )
 
 
 def control_render(exc: GatewayError) -> Response:
     """The control plane's (MindIE) envelope `{"error", "error_type"}`."""
-    status = next((code for cls, code in CONTROL_STATUS if isinstance(exc, cls)), 400)
-    return mindie_error(status, exc.message)
+    status, reason = next(
+        ((code, reason) for cls, code, reason in CONTROL_STATUS if isinstance(exc, cls)),
+        (400, "Bad Request"),
+    )
+    return mindie_error(status, exc.message, error_type=reason)
 
 
 def renderer(label: str, path: str, access: Access) -> Render:

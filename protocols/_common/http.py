@@ -23,6 +23,7 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 JSON_TYPE = "application/json"
 BODY_KEY = "gateway.body"  # set when a dispatcher already read the body
 BODY_ERROR_KEY = "gateway.body_error"
+ADMIN_KEY = "gateway.admin"  # set by the auth middleware; absent when no keys are configured
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:

@@ -23,7 +23,13 @@ from starlette.routing import BaseRoute, Route
 from protocols._common.context import ProtocolContext
 from protocols._common.disconnect import while_connected
 from protocols._common.guard import Endpoint, guarded
-from protocols._common.http import json_response, parse_model, read_json, request_id_header
+from protocols._common.http import (
+    ADMIN_KEY,
+    json_response,
+    parse_model,
+    read_json,
+    request_id_header,
+)
 from protocols._common.lookahead import with_ends
 from protocols._common.streaming import StreamResponse
 from protocols.openai_v1 import errors, schema, translate
@@ -212,12 +218,18 @@ def list_models(ctx: ProtocolContext) -> Endpoint:
 
     @guarded(errors.render)
     async def show_available_models(request: Request) -> Response:
+        info = service.engine.info()
+        roots = None
+        if request.scope.get(ADMIN_KEY, True):  # no auth configured: everyone is admin
+            roots = {r.name: r.src for r in service.adapters.records()}
+            roots.update(dict.fromkeys(_base_names(service), info.model_path))
         return json_response(
             translate.model_list(
                 _base_names(service),
                 service.adapters.names(),
                 created=ctx.created,
-                max_model_len=service.engine.info().max_model_len,
+                max_model_len=info.max_model_len,
+                roots=roots,
             )
         )
 

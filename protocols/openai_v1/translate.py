@@ -928,15 +928,17 @@ def model_card(
     created: int,
     parent: str | None = None,
     max_model_len: int | None = None,
+    root: str | None = None,
 ) -> JSON:
-    """vLLM's `ModelCard`. `root` is the served name, never a filesystem path: /v1/models is
-    public and must not reveal where weights or adapters live (RELIABILITY_PERF.md B.5)."""
+    """vLLM's `ModelCard`. `root` is the weights' or adapter's path as vLLM shows it, but only
+    to admin callers; others see the served name (RELIABILITY_PERF.md B.5: /v1/models must not
+    reveal where weights live to every client)."""
     return {
         "id": name,
         "object": "model",
         "created": created,
         "owned_by": "vllm",
-        "root": name,
+        "root": root or name,
         "parent": parent,
         "max_model_len": max_model_len,
         "permission": [_permission(created)],
@@ -944,11 +946,24 @@ def model_card(
 
 
 def model_list(
-    base_names: Sequence[str], adapters: Sequence[str], *, created: int, max_model_len: int
+    base_names: Sequence[str],
+    adapters: Sequence[str],
+    *,
+    created: int,
+    max_model_len: int,
+    roots: Mapping[str, str] | None = None,
 ) -> JSON:
-    """Base models first (`parent` null), then every loaded adapter (`parent` = first base)."""
-    data = [model_card(name, created=created, max_model_len=max_model_len) for name in base_names]
-    data += [model_card(name, created=created, parent=base_names[0]) for name in adapters]
+    """Base models first (`parent` null), then every loaded adapter (`parent` = first base).
+    `roots` (name → path) is given for admin callers only."""
+    shown = roots or {}
+    data = [
+        model_card(name, created=created, max_model_len=max_model_len, root=shown.get(name))
+        for name in base_names
+    ]
+    data += [
+        model_card(name, created=created, parent=base_names[0], root=shown.get(name))
+        for name in adapters
+    ]
     return {"object": "list", "data": data}
 
 

@@ -538,3 +538,9 @@ def test_invalid_structured_output_is_a_400_and_the_engine_serves_on(client: Ope
             client, prompt="x", max_tokens=5, extra_body={"structured_outputs": {"regex": "[0-9"}}
         )
     assert_serving(client)
+
+
+def test_models_list_shows_paths_like_vllm_when_no_keys_are_configured(client: OpenAI) -> None:
+    roots = {m.id: (m.model_extra or {})["root"] for m in client.models.list().data}
+    assert roots["tiny"].endswith("build/demo/model")
+    assert roots["a1"].endswith("build/demo/adapters/a1")
