@@ -18,10 +18,11 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from bench.http import Connection, HttpError, Target
-from bench.protocols import PROTOCOLS, Ask, Protocol
+from bench.protocols import PROTOCOLS, Ask
+from bench.protocols import Protocol as WireProtocol
 
 _GRACE_S = 10.0  # after the time bound, in-flight requests get this long before cancellation
 
@@ -93,7 +94,7 @@ class Window:
 class _Reader:
     """Splits a streamed body into events and timestamps them (per received chunk)."""
 
-    def __init__(self, protocol: Protocol, record: Record, started: float) -> None:
+    def __init__(self, protocol: WireProtocol, record: Record, started: float) -> None:
         self.protocol = protocol
         self.record = record
         self.started = started
@@ -133,7 +134,7 @@ class _Reader:
 
 
 async def run_request(
-    connection: Connection, protocol: Protocol, ask: Ask, record: Record, t0: float
+    connection: Connection, protocol: WireProtocol, ask: Ask, record: Record, t0: float
 ) -> Record:
     """Send one request on `connection` and fill `record`; never raises for HTTP failures."""
     body = protocol.encode(ask)
@@ -160,7 +161,9 @@ async def run_request(
     return record
 
 
-async def _read_stream(response: Any, protocol: Protocol, record: Record, started: float) -> None:
+async def _read_stream(
+    response: Any, protocol: WireProtocol, record: Record, started: float
+) -> None:
     reader = _Reader(protocol, record, started)
     async for chunk in response.chunks():
         reader.feed(chunk, time.perf_counter())
@@ -168,7 +171,9 @@ async def _read_stream(response: Any, protocol: Protocol, record: Record, starte
     record.latency = reader.last - started
 
 
-def _read_whole(body: bytes, protocol: Protocol, record: Record, started: float, ask: Ask) -> None:
+def _read_whole(
+    body: bytes, protocol: WireProtocol, record: Record, started: float, ask: Ask
+) -> None:
     now = time.perf_counter()
     event = protocol.whole(body)
     record.latency = record.ttft = now - started
@@ -250,14 +255,29 @@ async def warm_up(target: Target, workload: Workload, count: int) -> None:
         await asyncio.gather(*(c.close() for c in connections))
 
 
-async def run_window(target: Target, workload: Workload, label: str = "") -> Window:
-    """One bounded measurement window (closed or open loop)."""
+class Probe(Protocol):
+    """Something sampled exactly when timing starts and stops (after the warm-up)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+async def run_window(
+    target: Target, workload: Workload, label: str = "", probe: Probe | None = None
+) -> Window:
+    """One bounded measurement window (closed or open loop), warm-up excluded from everything."""
     await warm_up(target, workload, workload.warmup)
     drive = _open_loop if workload.rate is not None else _closed_loop
+    if probe is not None:
+        probe.start()
     cpu0, wall = _cpu_seconds(), time.time()
     async with Progress(label or workload.protocol, workload.requests, workload.duration_s) as bar:
         records, duration = await drive(target, workload, bar.add)
-    return Window(records, duration, _cpu_seconds() - cpu0, wall)
+    client_cpu = _cpu_seconds() - cpu0
+    if probe is not None:
+        probe.stop()
+    return Window(records, duration, client_cpu, wall)
 
 
 async def _closed_loop(

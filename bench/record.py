@@ -70,6 +70,35 @@ def machine() -> dict[str, Any]:
     }
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores spent busy since boot (user, nice, system, irq, softirq, steal)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuProbe:
+    """CPU of the server's front-end process, of its engine processes and of the whole machine,
+    over exactly the timed part of a window (the load generator measures itself)."""
+
+    def __init__(self, pid: int, engine_pids: list[int]) -> None:
+        self.pid, self.engine_pids = pid, engine_pids
+        self.front = self.engine = self.machine = 0.0
+
+    def _sample(self) -> tuple[float, float, float]:
+        engine = sum(cpu_seconds(p) for p in self.engine_pids)
+        return cpu_seconds(self.pid), engine, machine_busy_seconds()
+
+    def start(self) -> None:
+        self._start = self._sample()
+
+    def stop(self) -> None:
+        end = self._sample()
+        self.front, self.engine, self.machine = (
+            b - a for a, b in zip(self._start, end, strict=True)
+        )
+
+
 class Run:
     def __init__(self, name: str | None = None, settings: dict[str, Any] | None = None) -> None:
         self.name = name or time.strftime("%Y%m%d-%H%M%S")
@@ -114,12 +143,11 @@ class Run:
     ) -> dict[str, Any]:
         """Run one window against `server`, record it, return its row (figures in "summary")."""
         target = Target.parse(server.url, server.tls)
-        tree = descendants(server.pid)
-        front0 = cpu_seconds(server.pid)
-        tree0 = sum(cpu_seconds(p) for p in tree)
-        result: Window = uvloop.run(run_window(target, workload, label=f"{scenario} {arm} {label}"))
-        front = cpu_seconds(server.pid) - front0
-        engine = sum(cpu_seconds(p) for p in tree) - tree0
+        probe = CpuProbe(server.pid, descendants(server.pid))
+        result: Window = uvloop.run(
+            run_window(target, workload, label=f"{scenario} {arm} {label}", probe=probe)
+        )
+        front, engine, machine_busy = probe.front, probe.engine, probe.machine
         summary = summarize(result.records, result.duration_s)
         window_id = self._next
         self._next += 1
@@ -142,6 +170,9 @@ class Run:
             "server_cpu_s": front,
             "server_cpu_share": front / duration,
             "engine_cpu_s": engine,
+            "machine_busy_s": machine_busy,
+            "others_cpu_share": max(machine_busy - front - engine - result.client_cpu_s, 0.0)
+            / duration,
             "summary": summary,
             "commit": self.commit["commit"],
             "machine": self.machine["host"],

@@ -150,6 +150,30 @@ def a_comparison(results: Results, label: str) -> dict[str, Any]:
     return out
 
 
+QUIET = 0.25  # cores used by other processes during a window, below which it counts as quiet
+
+
+def _quiet_pairs(results: Results, label: str) -> str:
+    """Sensitivity check: the throughput ratio over pairs where nothing else ran."""
+    matched = pairs(results, "A", label, "vllm", "gateway")
+    quiet = [
+        (b, g)
+        for b, g in matched
+        if (b.get("others_cpu_share") or 0.0) < QUIET and (g.get("others_cpu_share") or 0.0) < QUIET
+    ]
+    if not matched or "others_cpu_share" not in matched[0][0]:
+        return ""
+    if not quiet:
+        return f"No pair had both windows quiet (other processes < {QUIET} cores)."
+    base = median(pick(b["summary"], "req_per_s") for b, _ in quiet)
+    ours = median(pick(g["summary"], "req_per_s") for _, g in quiet)
+    return (
+        f"Sensitivity: over the {len(quiet)} of {len(matched)} pairs in which other processes "
+        f"used less than {QUIET} cores during both windows, the requests/s ratio is "
+        f"{fmt_ratio(ratio(ours, base))} ({fmt(base)} vs {fmt(ours)} req/s)."
+    )
+
+
 def a_section(results: Results) -> tuple[str, dict[str, Any]]:
     labels = sorted({w["label"] for w in results.select("A")}, key=_a_order)
     comparisons = {label: a_comparison(results, label) for label in labels}
@@ -178,6 +202,7 @@ def a_section(results: Results) -> tuple[str, dict[str, Any]]:
             ["metric", "vLLM server: median (min–max)", "gateway: median (min–max)",
              "ratio gateway/vLLM", "per-pair ratio: median (min–max)"], rows))  # fmt: skip
         parts.append("")
+        parts.append(_quiet_pairs(results, label) + "\n")
     parts.append(_a_cpu(results, labels))
     parts.append(gc_section(results))
     parts.append(_a_memory(results))
@@ -323,9 +348,12 @@ def _a_cpu(results: Results, labels: list[str]) -> str:
                 fmt(median(per_request), 2),
                 fmt(median(w["engine_cpu_s"] / max(w["duration_s"], 1e-9) for w in windows), 2),
                 fmt(median(w["client_cpu_share"] for w in windows), 2),
+                _others(windows),
             ])  # fmt: skip
     return (
-        "CPU during the windows (cores busy; 2 cores in total, shared by everything):\n\n"
+        "CPU during the timed part of the windows (cores busy, medians; 2 cores in total, shared "
+        "by everything; *other processes* = whatever else ran on the machine meanwhile, e.g. "
+        "other engineers' tests — the main source of noise here):\n\n"
         + table(
             [
                 "workload",
@@ -334,11 +362,20 @@ def _a_cpu(results: Results, labels: list[str]) -> str:
                 "front-end CPU ms / request",
                 "engine core + worker",
                 "load generator",
+                "other processes: median (max)",
             ],
             rows,
         )
         + "\n"
     )
+
+
+def _others(windows: list[Row]) -> str:
+    shares = [w.get("others_cpu_share") for w in windows]
+    present = [s for s in shares if s is not None]
+    if not present:
+        return "–"
+    return f"{fmt(median(present), 2)} ({fmt(max(present), 2)})"
 
 
 def memory(results: Results) -> dict[str, Any]:
