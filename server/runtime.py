@@ -108,6 +108,7 @@ def uvicorn_config(app: ASGIApp, listener: Listener, settings: Settings) -> uvic
         port=listener.port,
         loop="uvloop",
         http="httptools",
+        ws="none",  # no route speaks WebSocket: refuse upgrades instead of handing them over
         lifespan="off",
         access_log=False,  # server/metrics.py writes the access log, with the request id
         log_config=None,

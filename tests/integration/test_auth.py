@@ -174,6 +174,10 @@ CONFUSIONS = {
     "percent-encoded": "GET /v1/%6Dodels HTTP/1.1\r\nHost: x\r\n\r\n",
     "dot-segments": "GET /health/../v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
     "double-slash": "GET //v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+    "websocket-upgrade": (
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    ),
     "query-with-health": "GET /v1/models?/health HTTP/1.1\r\nHost: x\r\n\r\n",
     "basic-scheme": "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Basic c2s=\r\n\r\n",
     "bearer-in-lower-header-twice": (

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import socket
 import ssl
 import subprocess
@@ -214,6 +215,19 @@ def test_curl_with_the_readme_flags_is_served(targets: dict[str, Target], listen
     done = curl(url, "--cert", "certs/client.pem", "--key", "certs/client.key")
     assert done.returncode == 0, done.stderr
     assert done.stdout
+
+
+def test_the_readme_curl_example_works_verbatim(targets: dict[str, Target]) -> None:
+    """The first curl block of README.md, pointed at this server's TLS data port."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("```bash\ncurl -s --cacert") + len("```bash\n"):]
+    command = block[: block.index("```")].replace("\\\n", " ")
+    command = command.replace("localhost:1025", f"localhost:{targets['data'].port}")
+    done = subprocess.run(
+        shlex.split(command), cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["choices"][0]["message"]["content"]
 
 
 @pytest.mark.parametrize(
