@@ -6,7 +6,6 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 CONFIG ?= config.json
 EXTRAS ?= cpu,demo,test,dev
-export HF_HUB_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 export VLLM_HOST_IP := 127.0.0.1
 
@@ -25,14 +24,14 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 demo: install
-	$(PY) -m server.demo_model --out build/demo
+	HF_HUB_OFFLINE=1 $(PY) -m server.demo_model --out build/demo
 
 certs: install
 	$(PY) certs/generate.py --out certs
 
 serve: install demo certs
 	$(PY) -m server.examples --config $(CONFIG)
-	$(PY) -m server --config $(CONFIG)
+	HF_HUB_OFFLINE=1 $(PY) -m server --config $(CONFIG)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -27,6 +27,15 @@ def fake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
         yield server
 
 
+@pytest.fixture(scope="session", autouse=True)
+def hub_clients_reach_loopback() -> None:
+    """HF_HUB_OFFLINE=1 (these machines have no model hub) would also stop huggingface_hub's
+    InferenceClient from calling our own server on 127.0.0.1; the tests only talk to loopback."""
+    import huggingface_hub.constants
+
+    huggingface_hub.constants.HF_HUB_OFFLINE = False
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
