@@ -231,8 +231,11 @@ class EventStream:
     def arm_deadline(self, timeout_s: float | None) -> None:
         if timeout_s:
             loop = asyncio.get_running_loop()
-            message = f"Request exceeded its deadline of {timeout_s:g} s"
-            self._timer = loop.call_later(timeout_s, self.cancel, DeadlineExceeded(message))
+            self._timer = loop.call_later(timeout_s, self._expire, timeout_s)
+
+    def _expire(self, timeout_s: float) -> None:
+        # The error is built only when a deadline fires, not on every request's hot path.
+        self.cancel(DeadlineExceeded(f"Request exceeded its deadline of {timeout_s:g} s"))
 
     async def aclose(self) -> None:
         if self._closed:
