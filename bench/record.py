@@ -197,6 +197,8 @@ class Run:
             "server_kind": server.kind,
             "tags": tags,
             "ready_s": server.started_s,
+            "ready_at": server.ready_at,
+            "stopped_at": time.time(),
             "rss_mib": rss_mib(server.pid),
             "engine_rss_mib": {str(p): rss_mib(p) for p in descendants(server.pid)},
             "engine_config": comparable_engine_config(line),

@@ -34,6 +34,7 @@ class Results:
         self.sessions = list(read_jsonl(run_dir / "sessions.jsonl"))
         self.notes = list(read_jsonl(run_dir / "notes.jsonl"))
         self._recompute()
+        self._mark_superseded()
 
     def _recompute(self) -> None:
         by_window: dict[int, list[Row]] = defaultdict(list)
@@ -44,11 +45,24 @@ class Results:
             if records is not None:
                 window["summary"] = summarize(records, window["duration_s"])
 
-    def select(self, scenario: str, **match: Any) -> list[Row]:
+    def _mark_superseded(self) -> None:
+        """A window that was repeated (scenario A's rule) is superseded by its last try."""
+        last: dict[tuple[Any, ...], Row] = {}
+        for window in self.windows:
+            tags = window["tags"]
+            key = (window["session"], window["label"], tags.get("round"), tags.get("rep"))
+            if "attempt" in tags:
+                if key in last:
+                    last[key]["superseded"] = True
+                last[key] = window
+
+    def select(self, scenario: str, *, superseded: bool = False, **match: Any) -> list[Row]:
         return [
             w
             for w in self.windows
-            if w["scenario"] == scenario and all(w.get(k) == v for k, v in match.items())
+            if w["scenario"] == scenario
+            and (superseded or not w.get("superseded"))
+            and all(w.get(k) == v for k, v in match.items())
         ]
 
     def note(self, kind: str, **match: Any) -> list[Row]:
@@ -213,6 +227,21 @@ def a_section(results: Results) -> tuple[str, dict[str, Any]]:
     return "\n".join(parts), comparisons
 
 
+def _repeats(results: Results) -> str:
+    every = results.select("A", superseded=True)
+    if not any("attempt" in w["tags"] for w in every):
+        return ""
+    repeated = {arm: sum(1 for w in every if w["arm"] == arm and w.get("superseded"))
+                for arm in ("vllm", "gateway")}  # fmt: skip
+    kept = len(results.select("A"))
+    return (
+        f"A window during which other processes on the machine used {QUIET} cores or more is "
+        "repeated, up to 3 tries, the last try kept whatever happens (same rule on both arms): "
+        f"{repeated['vllm']} tries were repeated on the vLLM arm and {repeated['gateway']} on the "
+        f"gateway arm, for {kept} windows kept.\n"
+    )
+
+
 def _a_order(label: str) -> int:
     order = ["chat-stream", "completions", "completions-stream"]
     return order.index(label) if label in order else len(order)
@@ -245,6 +274,7 @@ def _a_setup(results: Results) -> str:
             else "**The engine-config lines logged by the two arms differ** — see sessions.jsonl."
         ),
         "",
+        _repeats(results),
         f"Sessions alternate vLLM, gateway, vLLM, gateway, … "
         f"({len(sessions)} sessions); each session runs every workload "
         "several times after a warm-up (every window starts with its own warm-up requests), "
@@ -268,6 +298,30 @@ def _pauses_in(window: Row, pauses: list[Row]) -> list[Row]:
         p for p in pauses
         if p["session"] == window["session"] and window["time"] <= p["t"] <= end and p["gen"] == 2
     ]  # fmt: skip
+
+
+def _serving_pauses(results: Results, pauses: list[Row]) -> str:
+    """Gen-2 pauses between ready and stop of each A gateway session (load or not)."""
+    sessions = [
+        s for s in results.sessions
+        if s["scenario"] == "A" and s["arm"] == "gateway" and s.get("ready_at")
+    ]  # fmt: skip
+    found = [
+        p for s in sessions for p in pauses
+        if p["session"] == s["name"] and p["gen"] == 2
+        and s["ready_at"] <= p["t"] <= s["stopped_at"]
+    ]  # fmt: skip
+    if not sessions:
+        return ""
+    serving = sum(s["stopped_at"] - s["ready_at"] for s in sessions)
+    longest = max((p["ms"] for p in found), default=0.0)
+    total = sum(p["ms"] for p in found)
+    return (
+        f"Garbage-collector pauses of the gateway front-end while serving (from ready to stop, "
+        f"{len(sessions)} sessions, {serving:.0f} s in all): {len(found)} full collections, one "
+        f"every {serving / max(len(found), 1):.0f} s, {total / 1000:.1f} s in all "
+        f"({total / 10 / max(serving, 1e-9):.1f} % of the time), the longest {longest:.0f} ms.\n"
+    )
 
 
 def gc_note(window: Row, pauses: list[Row]) -> str:
@@ -297,6 +351,7 @@ def gc_section(results: Results) -> str:
     measured = results.select("A", arm="gateway") + results.select("P", arm="gateway")
     longest = max((p["ms"] for w in measured for p in _pauses_in(w, pauses)), default=None)
     text = [
+        _serving_pauses(results, pauses),
         "Stalls: the gateway arm runs with a passive garbage-collector log "
         "(`bench/gateway_variant.py --gc-log`). Full (generation 2) collections of the "
         "front-end's heap, which holds everything torch, transformers and vLLM loaded at start, "

@@ -139,6 +139,7 @@ class Server:
     metrics_url: str | None = None
     tls: ssl.SSLContext | None = None
     started_s: float = 0.0  # seconds until ready
+    ready_at: float = 0.0  # wall clock when it turned ready
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -258,6 +259,7 @@ def wait_ready(server: Server, path: str, timeout: float = 240.0) -> None:
             with contextlib.suppress(httpx.HTTPError):
                 if client.get(server.url + path).status_code == 200:
                     server.started_s = time.monotonic() - t0
+                    server.ready_at = time.time()
                     return
             time.sleep(0.25)
     server.stop()
