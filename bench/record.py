@@ -180,7 +180,7 @@ class Run:
         self._append("windows.jsonl", [row])
         self._append(
             "requests.jsonl",
-            [{"window": window_id, **dataclasses.asdict(r)} for r in result.records],
+            [{"window": window_id, **_compact(dataclasses.asdict(r))} for r in result.records],
         )
         _print_window(row)
         return row
@@ -214,6 +214,15 @@ class Run:
 
     def note(self, kind: str, **data: Any) -> None:
         self._append("notes.jsonl", [{"kind": kind, "run": self.name, **data}])
+
+
+def _compact(record: dict[str, Any]) -> dict[str, Any]:
+    """Times to the microsecond: the per-request file stays a fraction of its size."""
+    for key in ("start", "ttft", "latency"):
+        if isinstance(record[key], float):
+            record[key] = round(record[key], 6)
+    record["itl"] = [round(gap, 6) for gap in record["itl"]]
+    return record
 
 
 def _print_window(row: dict[str, Any]) -> None:

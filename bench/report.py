@@ -1099,7 +1099,10 @@ def _method(results: Results) -> str:
         "loop (fixed concurrency) or open loop (Poisson arrivals), every window bounded by a "
         "request count and a time limit; loopback only. One client per protocol "
         "(bench/protocols.py): OpenAI chat and completions, TGI `/generate(_stream)`, Triton "
-        "`/v2/models/tiny/generate(_stream)`, MindIE `/infer`, DJL `/invocations`.",
+        "`/v2/models/tiny/generate(_stream)`, MindIE `/infer`, DJL `/invocations`. Alone: "
+        "`python -m bench run --url http://127.0.0.1:PORT --protocol tgi --concurrency 16 "
+        "--requests 200` (or `--rate 50` for open loop; `--cacert/--cert/--key` for mTLS); one "
+        "scenario: `python -m bench a|b|c|d [--quick]`.",
         "- Definitions as in vLLM's serving benchmark: TTFT from sending the request to the first "
         "token event (an OpenAI chunk with `choices`, a TGI/MindIE/DJL token event, a Triton "
         "`text_output` event; vLLM's own chat client also stops the clock at the role-only opening "
