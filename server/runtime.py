@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Callable, Coroutine, Generator
@@ -158,6 +159,10 @@ async def serve(
     await register_startup_adapters(gateway)
     for holder, listener in zip(holders, listeners, strict=True):
         holder.app = listener_app(gateway, listener.roles)
+    # Move the start-up heap (torch, vLLM, tokenizer) out of the collector's reach, as vLLM's
+    # own server does: otherwise full collections under load stall the event loop 0.4-0.65 s.
+    gc.collect()
+    gc.freeze()
     lifecycle.ready()
     logger.info(
         "ready: %s", ", ".join(f"{ln.host}:{ln.port} {'+'.join(ln.roles)}" for ln in listeners)
