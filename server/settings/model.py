@@ -1,10 +1,9 @@
 """The internal settings model: snake_case, frozen, every value validated, nothing to resolve.
 
-This is what the server reads. The config file's MindIE/DJL names (`ServerConfig.ipAddress`,
-`LoraConfig.maxLoras`, `option.max_loras`, ...) are not known here: `server.settings.loader`
-maps them onto these fields. The loader also resolves every fallback before validation, so the
-management and metrics listeners carry their own complete `host` and `tls`; readers never fall
-back to the data listener themselves.
+This is what the server reads. The config file's MindIE/DJL names are not known here:
+`server.settings.loader` maps them onto these fields (its table `ALIASES`). The loader also
+resolves every fallback before validation, so the management and metrics listeners carry their
+own complete `host` and `tls`; readers never fall back to the data listener themselves.
 
 Defaults and bounds are those of the config file documented in README (Configuration).
 """
