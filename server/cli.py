@@ -91,10 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"llm-gateway: configuration error:\n{exc}\n")
         return 2
     settings = loaded.settings
-    configure_logging(settings.LoggingConfig)
-    json_logs = settings.LoggingConfig.json_format
+    configure_logging(settings.logging)
+    json_logs = settings.logging.json_format
     for key, value in engine_environment(
-        settings.ModelConfig.kvCacheSpaceGiB, json_logs=json_logs
+        settings.model.kv_cache_space_gib, json_logs=json_logs
     ).items():
         os.environ.setdefault(key, value)
     logger.info("settings: %s", redacted(settings))

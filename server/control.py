@@ -276,13 +276,13 @@ def config_body(gateway: Gateway) -> dict[str, Any]:
     """MindIE's /v1/config fields, then the whole resolved configuration, secrets redacted."""
     settings = gateway.settings
     info = gateway.engine.info()
-    model = settings.ModelConfig
+    model = settings.model
     return {
-        "modelName": model.modelName,
+        "modelName": model.name,
         "maxSeqLen": info.max_model_len,
         "npuMemSize": -1,
-        "cpuMemSize": model.kvCacheSpaceGiB,
-        "worldSize": model.tensorParallelSize * model.pipelineParallelSize,
+        "cpuMemSize": model.kv_cache_space_gib,
+        "worldSize": model.tensor_parallel_size * model.pipeline_parallel_size,
         "maxOutputLen": info.max_model_len,
         "cacheBlockSize": info.block_size,
         "settings": redacted(settings),

@@ -23,29 +23,29 @@ async def create_engine(settings: Settings) -> Engine:
     if settings.engine == "fake":
         from server.engine.fake import FakeEngine
 
-        script = fake_script(settings.ModelConfig.engineOptions)
-        return FakeEngine(script, model_name=settings.ModelConfig.modelName)
+        script = fake_script(settings.model.engine_options)
+        return FakeEngine(script, model_name=settings.model.name)
     from server.engine.vllm_engine import VllmEngineOptions, create
 
-    model, lora = settings.ModelConfig, settings.LoraConfig
+    model, lora = settings.model, settings.lora
     options = VllmEngineOptions(
-        model_path=resolve_path(settings, model.modelWeightPath),
-        served_model_name=model.modelName,
+        model_path=resolve_path(settings, model.weight_path),
+        served_model_name=model.name,
         dtype=model.dtype,
-        max_model_len=model.maxModelLen,
-        max_num_seqs=model.maxNumSeqs,
+        max_model_len=model.max_model_len,
+        max_num_seqs=model.max_num_seqs,
         seed=model.seed,
-        enforce_eager=model.enforceEager,
+        enforce_eager=model.enforce_eager,
         enable_lora=lora.enabled,
-        max_loras=lora.maxLoras,
-        max_lora_rank=lora.maxLoraRank,
-        max_cpu_loras=lora.maxCpuLoras or lora.maxLoras,
-        lora_dtype=lora.loraDtype,
-        fully_sharded_loras=lora.fullyShardedLoras,
-        tensor_parallel_size=model.tensorParallelSize,
-        pipeline_parallel_size=model.pipelineParallelSize,
-        distributed_executor_backend=model.distributedExecutorBackend,
-        extra=dict(model.engineOptions),
+        max_loras=lora.max_loras,
+        max_lora_rank=lora.max_lora_rank,
+        max_cpu_loras=lora.max_cpu_loras or lora.max_loras,
+        lora_dtype=lora.lora_dtype,
+        fully_sharded_loras=lora.fully_sharded_loras,
+        tensor_parallel_size=model.tensor_parallel_size,
+        pipeline_parallel_size=model.pipeline_parallel_size,
+        distributed_executor_backend=model.distributed_executor_backend,
+        extra=dict(model.engine_options),
     )
     engine = await create(options)
     await warm_up(engine)

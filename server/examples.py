@@ -21,12 +21,12 @@ def curl_prefix(settings: Settings, listener: str) -> tuple[str, str]:
 
 
 def examples(settings: Settings) -> str:
-    server = settings.ServerConfig
-    model = settings.ModelConfig.modelName
+    server = settings.server
+    model = settings.model.name
     curl, scheme = curl_prefix(settings, "data")
     mcurl, mscheme = curl_prefix(settings, "management")
-    data = f"{scheme}://localhost:{server.port}"
-    mgmt = f"{mscheme}://localhost:{server.managementPort}"
+    data = f"{scheme}://localhost:{server.data.port}"
+    mgmt = f"{mscheme}://localhost:{server.management.port}"
     files = tls_files(settings, "data")
     tls_client = (
         "import httpx, ssl\n"

@@ -87,29 +87,29 @@ def build_gateway(
 ) -> Gateway:
     lifecycle = lifecycle or Lifecycle()
     info = engine.info()
-    model = settings.ModelConfig
+    model = settings.model
     base_names = [
-        model.modelName,
-        *([info.model_name] if info.model_name != model.modelName else []),
+        model.name,
+        *([info.model_name] if info.model_name != model.name else []),
     ]
     adapters = AdapterRegistry(
         engine=engine,
         rules=adapter_rules(settings, base_names),
         limits=(
             AdapterLimits(
-                enabled=settings.LoraConfig.enabled,
-                max_loras=settings.LoraConfig.maxLoras,
-                max_cpu_loras=settings.LoraConfig.maxCpuLoras or settings.LoraConfig.maxLoras,
+                enabled=settings.lora.enabled,
+                max_loras=settings.lora.max_loras,
+                max_cpu_loras=settings.lora.max_cpu_loras or settings.lora.max_loras,
             )
         ),
     )
     registry = CollectorRegistry()
-    logging_settings = settings.LoggingConfig
+    logging_settings = settings.logging
     metrics = GatewayMetrics(
         registry,
         request_log=RequestLog(
-            log_prompts=logging_settings.logPrompts,
-            level=logging.INFO if logging_settings.accessLog else logging.DEBUG,
+            log_prompts=logging_settings.log_prompts,
+            level=logging.INFO if logging_settings.access_log else logging.DEBUG,
         ),
     )
     service = InferenceService(
@@ -123,11 +123,11 @@ def build_gateway(
     metrics.bind(service)
     context = ProtocolContext(
         service=service,
-        max_body_bytes=settings.ServerConfig.maxRequestLength * 1024 * 1024,
+        max_body_bytes=settings.server.max_request_bytes,
         bounds=request_bounds(settings),
         server_version=__version__,
         created=int(time.time()),
-        allow_runtime_lora=settings.LoraConfig.enabled and settings.LoraConfig.allowRuntimeUpdates,
+        allow_runtime_lora=settings.lora.enabled and settings.lora.allow_runtime_updates,
     )
     return Gateway(
         settings=settings,
@@ -142,42 +142,42 @@ def build_gateway(
 
 
 def adapter_rules(settings: Settings, base_names: list[str]) -> AdapterRules:
-    lora = settings.LoraConfig
-    roots = [resolve_path(settings, r) for r in lora.adapterRoots]
+    lora = settings.lora
+    roots = [resolve_path(settings, r) for r in lora.adapter_roots]
     roots += [str(folder) for folder in adapter_folders(settings)]
-    model_path = resolve_path(settings, settings.ModelConfig.modelWeightPath)
+    model_path = resolve_path(settings, settings.model.weight_path)
     return AdapterRules(
         roots=tuple(roots),
-        max_rank=lora.maxLoraRank,
+        max_rank=lora.max_lora_rank,
         base_names=frozenset(base_names),
         base_shape=BaseModelShape.from_model_dir(model_path),
     )
 
 
 def service_limits(settings: Settings) -> Limits:
-    limits = settings.LimitsConfig
+    limits = settings.limits
     return Limits(
-        max_concurrent=limits.maxConcurrentRequests,
-        max_queue=limits.maxQueue,
-        queue_timeout_s=limits.queueTimeout,
-        request_timeout_s=limits.requestTimeout,
+        max_concurrent=limits.max_concurrent_requests,
+        max_queue=limits.max_queue,
+        queue_timeout_s=limits.queue_timeout_s,
+        request_timeout_s=limits.request_timeout_s,
     )
 
 
 def request_bounds(settings: Settings) -> RequestBounds:
-    limits = settings.LimitsConfig
+    limits = settings.limits
     return RequestBounds(
-        max_n=limits.maxN,
-        max_best_of=limits.maxBestOf,
-        max_stop_sequences=limits.maxStopSequences,
-        max_logprobs=limits.maxLogprobs,
-        max_prompts=limits.maxPromptsPerRequest,
+        max_n=limits.max_n,
+        max_best_of=limits.max_best_of,
+        max_stop_sequences=limits.max_stop_sequences,
+        max_logprobs=limits.max_logprobs,
+        max_prompts=limits.max_prompts_per_request,
     )
 
 
 async def register_startup_adapters(gateway: Gateway) -> None:
     """Adapters from the `adapters/` folder and the config list. A bad one is logged, not fatal."""
-    lora = gateway.settings.LoraConfig
+    lora = gateway.settings.lora
     if not lora.enabled:
         return
     entries = startup_adapter_entries(gateway.settings)
@@ -189,26 +189,26 @@ async def register_startup_adapters(gateway: Gateway) -> None:
     settings = gateway.settings
     base = workflows.ServedBase(
         names=gateway.service.base_names,
-        path=resolve_path(settings, settings.ModelConfig.modelWeightPath),
+        path=resolve_path(settings, settings.model.weight_path),
     )
     specs = workflows.load_workflows([resolve_path(settings, w) for w in lora.workflows], base)
     await workflows.register_workflows(gateway.adapters, specs)
 
 
 def adapter_folders(settings: Settings) -> list[Path]:
-    """Folders whose sub-directories are adapters registered at start: `adapterDir` and, as in
+    """Folders whose sub-directories are adapters registered at start: `adapter_dir` and, as in
     DJL, the `adapters/` folder inside the model directory."""
-    lora = settings.LoraConfig
-    folders = [Path(resolve_path(settings, lora.adapterDir))] if lora.adapterDir else []
-    beside = Path(resolve_path(settings, settings.ModelConfig.modelWeightPath)) / "adapters"
+    lora = settings.lora
+    folders = [Path(resolve_path(settings, lora.adapter_dir))] if lora.adapter_dir else []
+    beside = Path(resolve_path(settings, settings.model.weight_path)) / "adapters"
     if beside.is_dir() and all(beside.resolve() != f.resolve() for f in folders):
         folders.append(beside)
     return folders
 
 
 def startup_adapter_entries(settings: Settings) -> list[tuple[str, str, bool, bool]]:
-    """(name, src, preload, pin) for every sub-directory of adapterDir, then the config list."""
-    lora = settings.LoraConfig
+    """(name, src, preload, pin) for every sub-directory of adapter_dir, then the config list."""
+    lora = settings.lora
     entries: list[tuple[str, str, bool, bool]] = []
     for folder in adapter_folders(settings):
         if folder.is_dir():
@@ -297,8 +297,8 @@ def management_routes(gateway: Gateway) -> list[RouteGroup]:
 
 
 def metrics_routes(gateway: Gateway) -> list[RouteGroup]:
-    server = gateway.settings.ServerConfig
-    instance = f"{server.managementIpAddress or server.ipAddress}:{server.managementPort}"
+    management = gateway.settings.server.management
+    instance = f"{management.host}:{management.port}"
     lifecycle = gateway.lifecycle
     routes = metrics_endpoints(
         gateway.service,
@@ -339,7 +339,7 @@ def listener_app(gateway: Gateway, roles: tuple[str, ...]) -> Starlette:
         HttpMetricsMiddleware,
         metrics=gateway.metrics,
         owners=owners,
-        access_log=gateway.settings.LoggingConfig.accessLog,
+        access_log=gateway.settings.logging.access_log,
     )
     app.add_middleware(control.DrainMiddleware, lifecycle=gateway.lifecycle)
     app.add_middleware(RequestIdMiddleware)

@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from server.core.errors import GatewayError, PayloadTooLarge
-from server.settings import ServerSection
+from server.settings import ServerSettings
 
 CONNECTIONS_PER_LINK = 3  # MindIE: maxLinkNum served + 2 × maxLinkNum queued
 
@@ -50,13 +50,13 @@ class HttpLimits:
     max_connections: int
 
     @classmethod
-    def from_settings(cls, server: ServerSection) -> HttpLimits:
+    def from_settings(cls, server: ServerSettings) -> HttpLimits:
         return cls(
-            max_header_bytes=server.maxHeaderBytes,
-            max_header_count=server.maxHeaderCount,
-            receive_timeout_s=server.requestReceiveTimeout,
-            send_timeout_s=server.sendTimeout,
-            max_connections=server.maxLinkNum * CONNECTIONS_PER_LINK,
+            max_header_bytes=server.max_header_bytes,
+            max_header_count=server.max_header_count,
+            receive_timeout_s=server.request_receive_timeout_s,
+            send_timeout_s=server.send_timeout_s,
+            max_connections=server.max_links * CONNECTIONS_PER_LINK,
         )
 
 

@@ -9,7 +9,7 @@ import time
 from server.core.service import Timing
 from server.core.types import ChatPrompt, GenerationRequest, TextPrompt, Usage
 from server.middleware import request_id_var
-from server.settings import LoggingSection
+from server.settings import LoggingSettings
 
 request_logger = logging.getLogger("gateway.requests")
 PROMPT_LOG_CHARS = 2000
@@ -36,7 +36,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-def configure_logging(settings: LoggingSection) -> None:
+def configure_logging(settings: LoggingSettings) -> None:
     handler = logging.StreamHandler()
     handler.addFilter(RequestIdFilter())
     if settings.json_format:
@@ -53,8 +53,9 @@ def configure_logging(settings: LoggingSection) -> None:
 class RequestLog:
     """One line per generation when admitted and one when it ends (or is refused).
 
-    Prompts are never logged unless `log_prompts` (LoggingConfig.logPrompts) is set. Lines are
-    INFO when the access log is on, else DEBUG; the request id comes from the context.
+    Prompts are never logged unless `log_prompts` (config.json: LoggingConfig.logPrompts) is
+    set. Lines are INFO when the access log is on, else DEBUG; the request id comes from the
+    context.
     """
 
     def __init__(self, *, log_prompts: bool = False, level: int = logging.DEBUG) -> None:

@@ -28,7 +28,6 @@ from protocols.openai_v1 import schema as openai
 from protocols.tgi import schema as tgi
 from server import __version__
 from server.settings import Settings
-from server.tls import tls_files
 
 JSON = dict[str, Any]
 Body = type[BaseModel] | JSON | tuple[type[BaseModel], ...] | None
@@ -339,17 +338,10 @@ def _operation(op: Operation, components: Components) -> JSON:
 
 
 def listener_url(settings: Settings, listener: str) -> str:
-    server = settings.ServerConfig
-    host, port = {
-        "data": (server.ipAddress, server.port),
-        "management": (server.managementIpAddress or server.ipAddress, server.managementPort),
-        "metrics": (
-            server.metricsIpAddress or server.managementIpAddress or server.ipAddress,
-            server.metricsPort,
-        ),
-    }[listener]
-    scheme = "https" if tls_files(settings, listener) is not None else "http"
-    return f"{scheme}://{host}:{port}"
+    """The base URL of `listener` ("data", "management", "metrics") as configured."""
+    address = settings.server.listener(listener)
+    scheme = "https" if address.tls.enabled else "http"
+    return f"{scheme}://{address.host}:{address.port}"
 
 
 def openapi_document(settings: Settings, listener: str = "data") -> JSON:

@@ -27,7 +27,7 @@ from server.core.lifecycle import Lifecycle, State
 from server.gateway import Gateway, build_gateway, listener_app, register_startup_adapters
 from server.limits import CONNECTIONS_PER_LINK, HttpLimits, limited_protocol
 from server.settings import Settings
-from server.tls import build_context, check_bind_address, tls_files
+from server.tls import LISTENERS, build_context, check_bind_address, tls_files
 
 logger = logging.getLogger("gateway")
 EngineFactory = Callable[[Settings], Coroutine[Any, Any, Engine]]
@@ -45,19 +45,10 @@ class Listener:
 
 def plan_listeners(settings: Settings) -> list[Listener]:
     """Data, management and metrics listeners; those on the same address are merged."""
-    server = settings.ServerConfig
-    wanted = [
-        ("data", server.ipAddress, server.port),
-        ("management", server.managementIpAddress or server.ipAddress, server.managementPort),
-        (
-            "metrics",
-            server.metricsIpAddress or server.managementIpAddress or server.ipAddress,
-            server.metricsPort,
-        ),
-    ]
     merged: dict[tuple[str, int], list[str]] = {}
-    for role, host, port in wanted:
-        merged.setdefault((host, port), []).append(role)
+    for role in LISTENERS:
+        address = settings.server.listener(role)
+        merged.setdefault((address.host, address.port), []).append(role)
     return [
         Listener(host=host, port=port, roles=tuple(roles), tls_listener=roles[0])
         for (host, port), roles in merged.items()
@@ -102,7 +93,7 @@ class GatewayServer(uvicorn.Server):
 
 def uvicorn_config(app: ASGIApp, listener: Listener, settings: Settings) -> uvicorn.Config:
     files = tls_files(settings, listener.tls_listener)
-    check_bind_address(settings.ServerConfig, listener.host, files is not None)
+    check_bind_address(settings.server, listener.host, files is not None)
     config = uvicorn.Config(
         app,
         host=listener.host,
@@ -113,15 +104,15 @@ def uvicorn_config(app: ASGIApp, listener: Listener, settings: Settings) -> uvic
         lifespan="off",
         access_log=False,  # server/metrics.py writes the access log, with the request id
         log_config=None,
-        timeout_keep_alive=int(settings.ServerConfig.keepAliveTimeout),
-        timeout_graceful_shutdown=int(settings.LimitsConfig.drainTimeout) + 5,
-        # backstop only: server/limits.py already caps connections at 3 × maxLinkNum
-        limit_concurrency=settings.ServerConfig.maxLinkNum * CONNECTIONS_PER_LINK + 1,
+        timeout_keep_alive=int(settings.server.keep_alive_timeout_s),
+        timeout_graceful_shutdown=int(settings.limits.drain_timeout_s) + 5,
+        # backstop only: server/limits.py already caps connections at 3 × max_links
+        limit_concurrency=settings.server.max_links * CONNECTIONS_PER_LINK + 1,
         server_header=False,
     )
     config.load()
     # httptools bounds neither the request head nor its arrival time (RELIABILITY_PERF.md B.4)
-    config.http_protocol_class = limited_protocol(HttpLimits.from_settings(settings.ServerConfig))
+    config.http_protocol_class = limited_protocol(HttpLimits.from_settings(settings.server))
     if files is not None:
         config.ssl = build_context(files)
     return config
@@ -206,7 +197,7 @@ async def drain(gateway: Gateway) -> None:
     or not at all when forced; abort the rest with an in-band error; then set `drained`."""
     lifecycle = gateway.lifecycle
     lifecycle.begin_drain()
-    timeout = gateway.settings.LimitsConfig.drainTimeout
+    timeout = gateway.settings.limits.drain_timeout_s
     logger.info("draining %d requests (timeout %ss)", lifecycle.inflight, timeout)
     if not await _idle_unless_forced(gateway, timeout):
         aborted = gateway.service.abort_all(ServiceUnavailable("The server is shutting down."))
@@ -228,7 +219,7 @@ async def _idle_unless_forced(gateway: Gateway, timeout: float) -> bool:
 async def watch_engine(gateway: Gateway) -> None:
     """Poll the engine; once it is dead the lifecycle is FAILED: health turns 500, new
     requests 503. Failure is final (vLLM cannot restart its engine in-process)."""
-    interval = gateway.settings.LimitsConfig.engineCheckInterval
+    interval = gateway.settings.limits.engine_check_interval_s
     lifecycle = gateway.lifecycle
     while interval > 0 and lifecycle.state in (State.READY, State.DRAINING):
         await asyncio.sleep(interval)

@@ -247,9 +247,9 @@ def route_table(
 def protect(app: Starlette, *, table: RouteTable, settings: Settings) -> None:
     """Add the body backstop and, when keys are configured, the credential check. Call it
     before adding the metrics middleware, so that refusals are counted like any response."""
-    max_bytes = settings.ServerConfig.maxRequestLength * 1024 * 1024
+    max_bytes = settings.server.max_request_bytes
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_bytes, render=table.render)
-    security = settings.SecurityConfig
-    keyring = Keyring(security.apiKeys, security.adminKeys)
+    security = settings.security
+    keyring = Keyring(security.api_keys, security.admin_keys)
     if keyring.configured:
         app.add_middleware(AuthMiddleware, table=table, keyring=keyring)

@@ -1,10 +1,10 @@
-"""TLS and mutual TLS for each listener, from MindIE-style `ServerConfig` fields.
+"""TLS and mutual TLS for each listener, from its `Tls` settings (server/settings/model.py).
 
-Fields (MindIE names): `httpsEnabled`, `tlsCaPath` + `tlsCaFile` (CAs trusted for client
-certificates), `tlsCert`, `tlsPk`, `tlsPkPwd` (a file holding the password of an encrypted key),
-`tlsCrlPath` + `tlsCrlFiles`. The management and metrics listeners read `management*`/`metrics*`
-variants (`managementHttpsEnabled`, `managementTlsCaFile`, ...), each falling back to the data
-listener's field when absent.
+In config.json these are MindIE's `ServerConfig` fields: `httpsEnabled`, `tlsCaPath` + `tlsCaFile`
+(CAs trusted for client certificates), `tlsCert`, `tlsPk`, `tlsPkPwd` (a file holding the
+password of an encrypted key), `tlsCrlPath` + `tlsCrlFiles`, and their `management*`/`metrics*`
+variants. The loader has already filled each management/metrics field from the data listener's
+when absent, so every listener's `Tls` here is complete.
 
 Policy: TLS 1.2 minimum, ECDHE/DHE AEAD suites only for TLS 1.2 (TLS 1.3 suites are all AEAD),
 no compression, no renegotiation, a client certificate chaining to the configured CA is
@@ -21,11 +21,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.settings import ServerSection, Settings, SettingsError, resolve_path
+from server.settings import (
+    LISTENER_ROLES,
+    ServerSettings,
+    Settings,
+    SettingsError,
+    Tls,
+    resolve_path,
+)
 
 # TLS 1.2 suites: forward secrecy and AEAD only. TLS 1.3 suites are OpenSSL's (all AEAD).
 CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:!aNULL:!MD5:!DSS:!SHA1"
-LISTENERS = ("data", "management", "metrics")
+LISTENERS = LISTENER_ROLES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,32 +46,27 @@ class TlsFiles:
 
 
 def tls_files(settings: Settings, listener: str) -> TlsFiles | None:
-    """The TLS files of `listener` ("data", "management", "metrics"); None when plain HTTP.
+    """The TLS files of `listener` ("data", "management", "metrics"), read from
+    `settings.server.<listener>.tls`; None when plain HTTP. ValueError for another name."""
+    return listener_tls_files(listener, settings.server.listener(listener).tls, settings)
 
-    `management*`/`metrics*` fields default to the data listener's when absent."""
-    if listener not in LISTENERS:
-        raise ValueError(f"unknown listener {listener!r}")
-    server = settings.ServerConfig
-    prefix = "" if listener == "data" else listener
 
-    def pick(name: str) -> object:
-        own = getattr(server, f"{prefix}{name}", None) if prefix else None
-        return own if own is not None else getattr(server, _lower_first(name))
-
-    if not pick("HttpsEnabled"):
+def listener_tls_files(listener: str, tls: Tls, settings: Settings) -> TlsFiles | None:
+    """`tls` with every file as a path (relative ones against `settings.base_dir`; CA and CRL
+    names under `ca_path`/`crl_path`); None when `tls` is disabled. `listener` names errors."""
+    if not tls.enabled:
         return None
-    ca_dir = server.tlsCaPath
-    crl_dir = pick("TlsCrlPath")
-    ca_files = pick("TlsCaFile")
-    crl_files = pick("TlsCrlFiles")
-    assert isinstance(ca_files, list) and isinstance(crl_files, list) and isinstance(crl_dir, str)
     return TlsFiles(
         listener=listener,
-        ca_files=tuple(resolve_path(settings, str(Path(ca_dir) / f)) for f in ca_files),
-        cert=resolve_path(settings, str(pick("TlsCert"))),
-        key=resolve_path(settings, str(pick("TlsPk"))),
-        key_password_file=_optional_path(settings, pick("TlsPkPwd")),
-        crl_files=tuple(resolve_path(settings, str(Path(crl_dir) / f)) for f in crl_files),
+        ca_files=tuple(resolve_path(settings, str(Path(tls.ca_path) / f)) for f in tls.ca_files),
+        cert=resolve_path(settings, tls.cert),
+        key=resolve_path(settings, tls.key),
+        key_password_file=(
+            resolve_path(settings, tls.key_password_file) if tls.key_password_file else None
+        ),
+        crl_files=tuple(
+            resolve_path(settings, str(Path(tls.crl_path) / f)) for f in tls.crl_files
+        ),
     )
 
 
@@ -175,14 +177,6 @@ def _readable(path: str) -> bool:
     return True
 
 
-def _optional_path(settings: Settings, value: object) -> str | None:
-    return resolve_path(settings, value) if isinstance(value, str) and value else None
-
-
-def _lower_first(name: str) -> str:
-    return name[0].lower() + name[1:]
-
-
 def is_all_zero(host: str) -> bool:
     """0.0.0.0, ::, an empty host (asyncio binds every interface) and their spellings."""
     if not host.strip():
@@ -193,9 +187,9 @@ def is_all_zero(host: str) -> bool:
         return False
 
 
-def check_bind_address(server: ServerSection, host: str, tls: bool) -> None:
+def check_bind_address(server: ServerSettings, host: str, tls: bool) -> None:
     """MindIE refuses a plain-HTTP all-zero bind unless explicitly allowed."""
-    if is_all_zero(host) and not tls and not server.allowAllZeroIpListening:
+    if is_all_zero(host) and not tls and not server.allow_all_zero_ip:
         raise SettingsError(
             f"ServerConfig: refusing to listen on {host!r} (every interface) without HTTPS. "
             "Fix: set httpsEnabled true, bind a specific address, or set "

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from server.settings import ServerSection, SettingsError
+from server.settings import SettingsError, settings_from_config
 from server.tls import check_bind_address
 from tests.serverproc import ROOT, RunningServer, running_server
 
@@ -299,10 +299,13 @@ def test_engine_failure_mid_stream_is_an_in_band_error_on_every_protocol(
 
 # ---- #19: the permissive half -------------------------------------------------------------------
 def test_all_interfaces_bind_needs_https_or_explicit_permission() -> None:
-    strict = ServerSection()
+    strict = settings_from_config({}, base_dir=ROOT).server
+    lenient = settings_from_config(
+        {"ServerConfig": {"allowAllZeroIpListening": True}}, base_dir=ROOT
+    ).server
     for host in ("0.0.0.0", "::", "", "[::]"):
         with pytest.raises(SettingsError, match="allowAllZeroIpListening"):
             check_bind_address(strict, host, tls=False)
         check_bind_address(strict, host, tls=True)
-        check_bind_address(ServerSection(allowAllZeroIpListening=True), host, tls=False)
+        check_bind_address(lenient, host, tls=False)
     check_bind_address(strict, "127.0.0.1", tls=False)

@@ -9,7 +9,7 @@ import httpx
 
 from server.engine.fake import FakeEngine, FakeScript
 from server.gateway import Gateway, build_gateway, listener_app
-from server.settings import Settings
+from server.settings import settings_from_config
 from tests.serverproc import merge
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,9 +23,8 @@ def make_gateway(
         "ModelConfig": {"modelName": "tiny", "modelWeightPath": "build/demo/model"},
         "LoraConfig": {"adapterDir": None},
         "LimitsConfig": {"maxConcurrentRequests": 4, "maxQueue": 2, "drainTimeout": 5},
-        "base_dir": str(ROOT),
     }
-    settings = Settings.model_validate(merge(config, overrides or {}))
+    settings = settings_from_config(merge(config, overrides or {}), base_dir=ROOT)
     gateway = build_gateway(settings, FakeEngine(script, model_name="tiny"))
     if ready:
         gateway.lifecycle.ready()

@@ -20,7 +20,7 @@ from server.core.types import (
 )
 from server.logs import RequestLog, configure_logging
 from server.middleware import request_id_var
-from server.settings import LoggingSection
+from server.settings import LoggingSettings
 from tests.unit.gateway_kit import client, make_gateway
 
 SECRET_PROMPT = "my card number is 4111 1111 1111 1111"
@@ -31,7 +31,7 @@ def captured() -> Iterator[io.StringIO]:
     """Configure the root logger as the CLI does, writing into a buffer; restore it afterwards."""
     root = logging.getLogger()
     saved = (root.handlers[:], root.level)
-    configure_logging(LoggingSection(json_format=True, level="DEBUG"))
+    configure_logging(LoggingSettings(json_format=True, level="DEBUG"))
     stream = io.StringIO()
     handler = root.handlers[0]
     assert isinstance(handler, logging.StreamHandler)

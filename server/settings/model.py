@@ -1,0 +1,150 @@
+"""The internal settings model: snake_case, frozen, every value validated, nothing to resolve.
+
+This is what the server reads. The config file's MindIE/DJL names are not known here:
+`server.settings.loader` maps them onto these fields (its table `ALIASES`). The loader also
+resolves every fallback before validation, so the management and metrics listeners carry their
+own complete `host` and `tls`; readers never fall back to the data listener themselves.
+
+Defaults and bounds are those of the config file documented in README (Configuration).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+LISTENER_ROLES = ("data", "management", "metrics")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Tls(_Section):
+    """TLS of one listener. Files are relative to `Settings.base_dir` unless absolute; CA and
+    CRL file names are relative to `ca_path` and `crl_path`."""
+
+    enabled: bool = True
+    ca_path: str = "certs/"
+    ca_files: list[str] = Field(default_factory=lambda: ["ca.pem"], min_length=1, max_length=3)
+    cert: str = "certs/server.pem"
+    key: str = "certs/server.key"
+    key_password_file: str | None = None  # a file holding the key's password
+    crl_path: str = "certs/"
+    crl_files: list[str] = Field(default_factory=list, max_length=3)
+
+
+class Listener(_Section):
+    """One listening address and its TLS."""
+
+    host: str
+    port: int = Field(ge=0, le=65535)
+    tls: Tls = Field(default_factory=Tls)
+
+
+class ServerSettings(_Section):
+    data: Listener = Field(default_factory=lambda: Listener(host="127.0.0.1", port=1025))
+    management: Listener = Field(default_factory=lambda: Listener(host="127.0.0.1", port=1026))
+    metrics: Listener = Field(default_factory=lambda: Listener(host="127.0.0.1", port=1027))
+    allow_all_zero_ip: bool = False
+    max_links: int = Field(1000, ge=1, le=100_000)
+    max_request_mb: int = Field(40, ge=1, le=100)  # MB, as MindIE
+    max_header_bytes: int = Field(65_536, ge=1024)  # request line + headers → 431 beyond
+    max_header_count: int = Field(100, ge=1)
+    request_receive_timeout_s: float = Field(30.0, gt=0)  # whole request must arrive (slowloris)
+    send_timeout_s: float = Field(60.0, gt=0)  # a client that reads nothing this long is dropped
+    keep_alive_timeout_s: float = Field(5.0, gt=0)
+
+    @property
+    def max_request_bytes(self) -> int:
+        """The request body limit in bytes (`max_request_mb` MiB)."""
+        return self.max_request_mb * 1024 * 1024
+
+    def listener(self, role: str) -> Listener:
+        """The listener of `role`, one of LISTENER_ROLES; ValueError for any other name."""
+        if role not in LISTENER_ROLES:
+            raise ValueError(f"unknown listener {role!r}")
+        listener: Listener = getattr(self, role)
+        return listener
+
+
+class ModelSettings(_Section):
+    name: str = "tiny"
+    weight_path: str = "build/demo/model"
+    dtype: str = "float32"
+    max_model_len: int | None = Field(512, ge=16)
+    max_num_seqs: int = Field(32, ge=1)
+    seed: int = 0
+    enforce_eager: bool = True
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    distributed_executor_backend: str | None = None
+    kv_cache_space_gib: int = Field(1, ge=1)
+    engine_options: dict[str, Any] = Field(default_factory=dict)  # any other AsyncEngineArgs
+
+
+class AdapterEntry(_Section):
+    name: str
+    path: str
+    pin: bool = False
+    preload: bool = True
+
+
+class LoraSettings(_Section):
+    enabled: bool = True
+    max_loras: int = Field(2, ge=1)
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = 8
+    max_cpu_loras: int | None = Field(4, ge=1)
+    lora_dtype: str = "auto"
+    fully_sharded_loras: bool = False
+    adapter_dir: str | None = "build/demo/adapters"  # every sub-directory is registered at start
+    adapter_roots: list[str] = Field(default_factory=list)  # where `src` may point; + adapter_dir
+    adapters: list[AdapterEntry] = Field(default_factory=list)
+    workflows: list[str] = Field(default_factory=list)  # DJL workflow.json files or folders
+    allow_runtime_updates: bool = True
+
+    @model_validator(mode="after")
+    def _cpu_cache_holds_slots(self) -> LoraSettings:
+        """Cross-field check. Its message names the fields by their names in this section,
+        whole words, so that the loader can put the config file's names in their place."""
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError("max_cpu_loras must be >= max_loras")
+        return self
+
+
+class LimitsSettings(_Section):
+    max_concurrent_requests: int = Field(256, ge=1)
+    max_queue: int = Field(512, ge=0)
+    queue_timeout_s: float = Field(60.0, gt=0)
+    request_timeout_s: float = Field(600.0, gt=0)
+    drain_timeout_s: float = Field(30.0, ge=0)  # seconds in-flight requests get on stop
+    engine_check_interval_s: float = Field(5.0, ge=0)  # engine liveness poll; 0 = off
+    max_n: int = Field(16, ge=1)
+    max_best_of: int = Field(16, ge=1)
+    max_stop_sequences: int = Field(16, ge=1)
+    max_logprobs: int = Field(20, ge=0)
+    max_prompts_per_request: int = Field(64, ge=1)
+
+
+class SecuritySettings(_Section):
+    api_keys: list[str] = Field(default_factory=list)  # bearer keys for inference routes
+    admin_keys: list[str] = Field(default_factory=list)  # bearer keys for management routes
+
+
+class LoggingSettings(_Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    json_format: bool = False
+    log_prompts: bool = False
+    access_log: bool = False
+
+
+class Settings(_Section):
+    engine: Literal["vllm", "fake"] = "vllm"
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    security: SecuritySettings = Field(default_factory=SecuritySettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    base_dir: str = "."  # where relative paths start; set by the loader
