@@ -780,6 +780,7 @@ def wrk_figures(results: Results) -> dict[str, dict[str, Any]]:
             "python_ratio": median(python),
             "python_spread": spread(python),
             "flagged": [w for w in every if w["summary"].get("flagged")],
+            "others": _others(clean),
         }
         for arm, windows in arms.items():
             entry[arm] = {
@@ -855,19 +856,21 @@ def wrk_section(results: Results) -> tuple[str, dict[str, Any]]:
             f"{fmt(gateway['server_cpu'], 2)} / {fmt(bare['server_cpu'], 2)}",
             fmt(bare["client_cpu"], 2),
             f"{fmt_ratio(entry['python_ratio'])} ({fmt_spread(entry['python_spread'])})",
-            str(len(entry["flagged"])),
+            entry["others"], str(len(entry["flagged"])),
         ])  # fmt: skip
     parts.append(table(
         ["protocol", "gateway req/s", "bare req/s", "ratio gateway/bare (min–max)",
          "gateway latency p50 / p99 ms", "bare latency p50 / p99 ms",
          "server CPU gateway / bare", "wrk CPU (bare arm)",
-         "Python client ratio, same rounds (min–max)", "flagged runs"], rows))  # fmt: skip
+         "Python client ratio, same rounds (min–max)", "other processes CPU: median (max)",
+         "flagged runs"], rows))  # fmt: skip
     parts.append("")
     rounds = max((e["rounds"] for e in figures.values()), default=0)
     parts.append(
         f"Medians over {rounds} rounds. Server CPU = cores the server process used during the "
         "window (1.00 = its pinned core saturated); wrk CPU = wrk's own user + system time over "
-        "the window.\n"
+        "the window; other processes = cores whatever else ran on the machine took meanwhile "
+        "(both arms' windows), the main source of noise.\n"
     )
     flagged = [w for e in figures.values() for w in e["flagged"]]
     if flagged:
