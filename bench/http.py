@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 _READ_LIMIT = 1 << 22
+# Sent with every request, next to Host and Content-Length (wrk's scripts add the same).
+BASE_HEADERS = {"Content-Type": "application/json"}
+_BASE_LINES = tuple(f"{k}: {v}".encode() for k, v in BASE_HEADERS.items())
 
 
 class HttpError(Exception):
@@ -130,7 +133,7 @@ class Connection:
         head = [
             f"{method} {path} HTTP/1.1".encode(),
             b"Host: " + self._host_header,
-            b"Content-Type: application/json",
+            *_BASE_LINES,
             b"Content-Length: " + str(len(body)).encode(),
         ]
         head += [f"{k}: {v}".encode() for k, v in (headers or {}).items()]

@@ -147,12 +147,64 @@ class Run:
         result: Window = uvloop.run(
             run_window(target, workload, label=f"{scenario} {arm} {label}", probe=probe)
         )
-        front, engine, machine_busy = probe.front, probe.engine, probe.machine
         summary = summarize(result.records, result.duration_s)
+        row = self._row(
+            scenario, arm, server, label, tags, workload.settings(), summary, probe,
+            duration_s=result.duration_s, client_cpu_s=result.client_cpu_s,
+            wall_start=result.wall_start,
+        )  # fmt: skip
+        self._append("windows.jsonl", [row])
+        self._append(
+            "requests.jsonl",
+            [{"window": row["id"], **_compact(dataclasses.asdict(r))} for r in result.records],
+        )
+        _print_window(row)
+        return row
+
+    def tool_window(
+        self,
+        scenario: str,
+        arm: str,
+        server: Server,
+        label: str,
+        *,
+        settings: dict[str, Any],
+        summary: dict[str, Any],
+        probe: CpuProbe,
+        duration_s: float,
+        client_cpu_s: float,
+        wall_start: float,
+        **tags: Any,
+    ) -> dict[str, Any]:
+        """Record a window an outside load generator measured (wrk): the same row as `window`,
+        with the tool's own figures in "summary" and no per-request records."""
+        row = self._row(
+            scenario, arm, server, label, tags, settings, summary, probe,
+            duration_s=duration_s, client_cpu_s=client_cpu_s, wall_start=wall_start,
+        )  # fmt: skip
+        self._append("windows.jsonl", [row])
+        return row
+
+    def _row(
+        self,
+        scenario: str,
+        arm: str,
+        server: Server,
+        label: str,
+        tags: dict[str, Any],
+        settings: dict[str, Any],
+        summary: dict[str, Any],
+        probe: CpuProbe,
+        *,
+        duration_s: float,
+        client_cpu_s: float,
+        wall_start: float,
+    ) -> dict[str, Any]:
+        front, engine, machine_busy = probe.front, probe.engine, probe.machine
         window_id = self._next
         self._next += 1
-        duration = max(result.duration_s, 1e-9)
-        row = {
+        duration = max(duration_s, 1e-9)
+        return {
             "kind": "window",
             "run": self.name,
             "id": window_id,
@@ -161,29 +213,21 @@ class Run:
             "label": label,
             "session": server.name,
             "tags": tags,
-            "workload": workload.settings(),
+            "workload": settings,
             "server": {"name": server.name, "kind": server.kind, "url": server.url},
-            "time": result.wall_start,
-            "duration_s": result.duration_s,
-            "client_cpu_s": result.client_cpu_s,
-            "client_cpu_share": result.client_cpu_s / duration,
+            "time": wall_start,
+            "duration_s": duration_s,
+            "client_cpu_s": client_cpu_s,
+            "client_cpu_share": client_cpu_s / duration,
             "server_cpu_s": front,
             "server_cpu_share": front / duration,
             "engine_cpu_s": engine,
             "machine_busy_s": machine_busy,
-            "others_cpu_share": max(machine_busy - front - engine - result.client_cpu_s, 0.0)
-            / duration,
+            "others_cpu_share": max(machine_busy - front - engine - client_cpu_s, 0.0) / duration,
             "summary": summary,
             "commit": self.commit["commit"],
             "machine": self.machine["host"],
         }
-        self._append("windows.jsonl", [row])
-        self._append(
-            "requests.jsonl",
-            [{"window": window_id, **_compact(dataclasses.asdict(r))} for r in result.records],
-        )
-        _print_window(row)
-        return row
 
     def session(self, server: Server, scenario: str, arm: str, **tags: Any) -> dict[str, Any]:
         """Record a server session (call after its windows, before stopping it)."""

@@ -6,7 +6,10 @@ A  gateway vs vLLM's own OpenAI server, same engine flags, demo model, prompts, 
    each) do not eat the time budget. Pairs are formed window by window in that order.
 B  protocol-layer ceiling: gateway on the zero-delay FakeEngine vs a bare Starlette + uvicorn
    endpoint replaying the gateway's own bytes; plain, mutual TLS, and metrics off; per protocol.
-   Server pinned to CPU 0, load generator to CPU 1.
+   Non-streamed requests also with wrk (a C load generator, plain HTTP), gateway and bare
+   sessions alternating in each round. Then the batch first byte: a streamed completion with
+   1, 8 and 32 prompts on the fake engine with a per-token delay.
+   Server pinned to CPU 0, load generator (Python or wrk) to CPU 1.
 C  multi-LoRA on the gateway: base, 1 adapter, 8 adapters (max_loras=8), 64 adapters
    (max_loras=8: LRU churn), and the cold-vs-warm cost of one adapter.
 D  scaling on both servers: concurrency 1-64, prompt length 16-1024, and an open-loop rate sweep.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -30,20 +34,24 @@ from typing import Any
 import httpx
 import uvloop
 
-from bench.http import Connection, Target
+from bench.batch import PATH as BATCH_PATH
+from bench.batch import time_batches
+from bench.http import BASE_HEADERS, Connection, Target
 from bench.load import Workload
 from bench.prompts import prompt_set
 from bench.protocols import PROTOCOLS, Ask
-from bench.record import RESULTS, Run
+from bench.record import RESULTS, CpuProbe, Run
 from bench.servers import (
     DEMO,
     EngineSettings,
     Server,
+    descendants,
     start_bare,
     start_gateway,
     start_vllm,
 )
 from bench.tools import Profiler, top_functions, vllm_bench_serve
+from bench.wrk import WrkResult, WrkTool, ensure_wrk, lua_script, run_wrk
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +73,13 @@ class Plan:
     b_window_s: float = 1.0
     b_concurrency: int = 32
     b_stream_tokens: int = 64
+    b_wrk: bool = True
+    b_wrk_window_s: int = 3  # wrk counts whole seconds
+    b_wrk_warmup_s: int = 1  # a separate wrk run before each window, its figures dropped
+    batch_sizes: tuple[int, ...] = (1, 8, 32)
+    batch_reps: int = 5
+    batch_token_delay_s: float = 0.05
+    batch_max_tokens: int = 4
     c_reps: int = 2
     c_requests: int = 160
     c_single: int = 24
@@ -85,6 +100,8 @@ QUICK = Plan(
     gc_freeze_check=False,
     b_rounds=1,
     b_window_s=0.5,
+    b_wrk_window_s=1,
+    batch_reps=2,
     c_reps=1,
     c_requests=48,
     c_single=6,
@@ -318,34 +335,218 @@ B_VARIANTS: tuple[tuple[str, dict[str, bool]], ...] = (
 )
 
 
+WRK_ARMS = ("gateway", "bare")  # plain HTTP: wrk cannot present a client certificate
+WRK_CPU = 1
+WRK_NO_TLS = (
+    "plain HTTP only: wrk speaks TLS but cannot present a client certificate, and both TLS arms "
+    "require one (mutual TLS)"
+)
+
+
 def scenario_b(run: Run, plan: Plan) -> None:
     prompts = prompt_set(32, 64, str(DEMO / "model"))
     capture = run.dir / "b-capture.json"
     client_cpus = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {1})
-    run.note("placement", scenario="B", server_cpus=[0], client_cpus=[1])
+    os.sched_setaffinity(0, {WRK_CPU})
+    run.note("placement", scenario="B", server_cpus=[0], client_cpus=[WRK_CPU])
     try:
+        wrk = wrk_setup(run, plan, prompts)
         for rnd in range(plan.b_rounds):
             for variant, options in B_VARIANTS:
                 server = _start_b(variant, options, run, rnd, capture)
                 with session(server, run, "B", variant, round=rnd):
                     if not capture.exists():
                         capture_bytes(server, prompts, plan, capture)
-                    for protocol in B_PROTOCOLS:
-                        for stream in (False, True):
-                            workload = _b_workload(protocol, stream, prompts, plan)
-                            label = f"{protocol}-{'stream' if stream else 'whole'}"
-                            run.window("B", variant, server, workload, label, round=rnd)
-                    if plan.profile and rnd == plan.b_rounds - 1 and variant == "gateway":
-                        for stream in (False, True):
-                            workload = replace(
-                                _b_workload("openai-chat", stream, prompts, plan),
-                                duration_s=plan.profile_s / 2,
-                            )
-                            label = f"openai-chat-{'stream' if stream else 'whole'}"
-                            profiled(run, server, "B", variant, workload, label)
+                    _b_session(run, server, variant, plan, prompts, wrk, rnd)
+        if plan.batch_reps > 0:
+            batch_first_byte(run, plan, prompts)
     finally:
         os.sched_setaffinity(0, client_cpus)
+
+
+def _b_session(
+    run: Run,
+    server: Server,
+    variant: str,
+    plan: Plan,
+    prompts: tuple[str, ...],
+    wrk: WrkSetup | None,
+    rnd: int,
+) -> None:
+    """One B server's windows: the Python client on every protocol (whole, then streamed),
+    then wrk on every protocol (plain arms), then the profiles (last round, gateway)."""
+    for protocol in B_PROTOCOLS:
+        for stream in (False, True):
+            workload = _b_workload(protocol, stream, prompts, plan)
+            label = f"{protocol}-{'stream' if stream else 'whole'}"
+            run.window("B", variant, server, workload, label, round=rnd)
+    if wrk is not None and variant in WRK_ARMS:
+        for protocol in B_PROTOCOLS:
+            wrk_window(run, server, variant, protocol, wrk, plan, round=rnd)
+    if plan.profile and rnd == plan.b_rounds - 1 and variant == "gateway":
+        for stream in (False, True):
+            workload = replace(
+                _b_workload("openai-chat", stream, prompts, plan),
+                duration_s=plan.profile_s / 2,
+            )
+            label = f"openai-chat-{'stream' if stream else 'whole'}"
+            profiled(run, server, "B", variant, workload, label)
+
+
+# -- B: wrk ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WrkSetup:
+    """wrk's path and version, and one script per protocol (the Python client's request)."""
+
+    tool: WrkTool
+    scripts: dict[str, Path]
+    requests: dict[str, dict[str, Any]]  # protocol -> path, body size and hash
+
+
+def wrk_setup(run: Run, plan: Plan, prompts: tuple[str, ...]) -> WrkSetup | None:
+    """Find (or install) wrk and write its scripts; None (with a note saying why) to skip."""
+    if not plan.b_wrk:
+        run.note("wrk", scenario="B", available=False, reason="switched off in the plan")
+        return None
+    tool = ensure_wrk()
+    if tool.path is None:
+        print(f"  wrk arm skipped: {tool.note}", flush=True)
+        run.note("wrk", scenario="B", available=False, reason=tool.note)
+        return None
+    folder = run.dir / "wrk"
+    folder.mkdir(parents=True, exist_ok=True)
+    scripts: dict[str, Path] = {}
+    requests: dict[str, dict[str, Any]] = {}
+    for name in B_PROTOCOLS:
+        protocol = PROTOCOLS[name]
+        ask = _b_workload(name, False, prompts, plan).ask(0)  # the Python arm's only request
+        body = protocol.encode(ask)
+        headers = {**BASE_HEADERS, **(protocol.headers(ask) if protocol.headers else {})}
+        path = protocol.path(ask)
+        scripts[name] = folder / f"{name}.lua"
+        scripts[name].write_text(lua_script("POST", path, body, headers))
+        requests[name] = {
+            "path": path,
+            "headers": headers,
+            "body_bytes": len(body),
+            "body_sha256": hashlib.sha256(body).hexdigest(),
+        }
+    run.note(
+        "wrk", scenario="B", available=True, path=tool.path, version=tool.version,
+        how=tool.note, requests=requests, tls=WRK_NO_TLS, cpu=WRK_CPU,
+    )  # fmt: skip
+    return WrkSetup(tool, scripts, requests)
+
+
+def wrk_window(
+    run: Run, server: Server, arm: str, protocol: str, wrk: WrkSetup, plan: Plan, **tags: Any
+) -> dict[str, Any]:
+    """One wrk window (after a warm-up run whose figures are dropped), recorded as scenario
+    "W"; a run with non-2xx responses, socket errors or an unreadable report is `flagged`."""
+    assert wrk.tool.path is not None
+    request = wrk.requests[protocol]
+    url = server.url + request["path"]
+    script = wrk.scripts[protocol]
+    options: dict[str, Any] = {"connections": plan.b_concurrency, "threads": 1, "cpu": WRK_CPU}
+    warm = None
+    if plan.b_wrk_warmup_s > 0:
+        warm = run_wrk(wrk.tool.path, url, script, duration_s=plan.b_wrk_warmup_s, **options)
+    probe = CpuProbe(server.pid, descendants(server.pid))
+    probe.start()
+    done = run_wrk(wrk.tool.path, url, script, duration_s=plan.b_wrk_window_s, **options)
+    probe.stop()
+    result = done.result
+    log = run.dir / "wrk" / f"{server.name}-{protocol}.txt"
+    log.write_text(" ".join(done.argv) + "\n" + done.output)
+    summary = {
+        **result.summary(),
+        "completed": result.requests,
+        "failed": result.errors,
+        "warmup_flagged": warm.result.flagged if warm is not None else None,
+    }
+    settings = {
+        "tool": "wrk",
+        "wrk_version": wrk.tool.version,
+        "protocol": protocol,
+        "stream": False,
+        "max_tokens": 16,
+        "concurrency": plan.b_concurrency,
+        "threads": 1,
+        "duration_s": plan.b_wrk_window_s,
+        "warmup_s": plan.b_wrk_warmup_s,
+        "mode": "closed",
+        "argv": done.argv,
+        **request,
+    }
+    row = run.tool_window(
+        "W", arm, server, f"{protocol}-whole", settings=settings, summary=summary, probe=probe,
+        duration_s=done.wall_s, client_cpu_s=done.cpu_s, wall_start=done.wall_start, **tags,
+    )  # fmt: skip
+    latency = result.latency_ms
+    flag = "  FLAGGED: " + _wrk_problems(result) if result.flagged else ""
+    print(
+        f"  W {arm:<8} {protocol + '-whole':<24} {result.requests:>6} req "
+        f"{result.req_per_s or 0.0:8.1f} req/s  p50 {latency.get('p50', 0.0):6.2f} ms "
+        f"p99 {latency.get('p99', 0.0):6.2f} ms  cpu wrk {row['client_cpu_share']:.2f} "
+        f"server {row['server_cpu_share']:.2f}{flag}",
+        flush=True,
+    )
+    return row
+
+
+def _wrk_problems(result: WrkResult) -> str:
+    parts = [f"{result.non_2xx} non-2xx"] if result.non_2xx else []
+    parts += [f"{v} socket {k}" for k, v in result.socket_errors.items() if v]
+    return ", ".join(parts + result.problems) or "no figures"
+
+
+# -- B: batch first byte ----------------------------------------------------------------------
+
+
+def batch_first_byte(run: Run, plan: Plan, prompts: tuple[str, ...]) -> None:
+    """Streamed `/v1/completions` with 1, 8 and 32 prompts on the fake engine with a per-token
+    delay: time to the first byte, the first token event and the first token of every prompt
+    (bench/batch.py). One note per request (kind "batch_first_byte")."""
+    delay = plan.batch_token_delay_s
+    overrides = {"ModelConfig": {"engineOptions": {"token_delay_s": delay}}}
+    name = "B-gateway-batch"
+    print(f"  starting {name} ...", flush=True)
+    server = start_gateway(name, run.logs, engine="fake", overrides=overrides, cpus={0})
+    settings = {
+        "token_delay_s": delay,
+        "max_tokens": plan.batch_max_tokens,
+        "sizes": list(plan.batch_sizes),
+        "reps": plan.batch_reps,
+        "prompt_len": 32,
+        "path": BATCH_PATH,
+    }
+    run.note("batch_settings", scenario="B", **settings)
+    with session(server, run, "B", "gateway-batch"):
+        timings = uvloop.run(
+            time_batches(
+                Target.parse(server.url, server.tls),
+                prompts,
+                plan.batch_sizes,
+                reps=plan.batch_reps,
+                max_tokens=plan.batch_max_tokens,
+            )
+        )
+        for rep, timing in timings:
+            row = timing.row()
+            run.note("batch_first_byte", scenario="B", rep=rep, token_delay_s=delay, **row)
+            print(
+                f"  batch {timing.prompts:>3} prompts: first byte {_ms(timing.first_byte_s)} "
+                f"first event {_ms(timing.first_event_s)} all started "
+                f"{_ms(timing.all_started_s)} total {_ms(timing.total_s)}"
+                + ("" if timing.ok else f"  FLAGGED: {timing.error or row['token_events']}"),
+                flush=True,
+            )
+
+
+def _ms(seconds: float | None) -> str:
+    return "     –   " if seconds is None else f"{seconds * 1000:7.1f} ms"
 
 
 def _start_b(variant: str, options: dict[str, bool], run: Run, rnd: int, capture: Path) -> Server:
