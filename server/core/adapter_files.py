@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.core.errors import AdapterInvalid, InvalidRequest
+from server.core.errors import AdapterInvalid, AdapterSourceMissing, InvalidRequest
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,255}$")
 SUPPORTED_MODULES = frozenset(
@@ -134,7 +134,7 @@ def resolve_source(src: object, rules: AdapterRules) -> Path:
             f"Adapter path {src!r} is outside the allowed adapter roots", param="src"
         )
     if not resolved.is_dir():
-        raise AdapterInvalid(f"No adapter found at {src!r}: not a directory", param="src")
+        raise AdapterSourceMissing(f"No adapter found at {src!r}: not a directory", param="src")
     return resolved
 
 
@@ -161,7 +161,7 @@ def _in_forbidden_tree(path: str) -> bool:
 
 
 def _no_config(path: Path) -> AdapterInvalid:
-    return AdapterInvalid(f"No adapter found in {path.name!r}: {CONFIG_FILE} is missing")
+    return AdapterSourceMissing(f"No adapter found in {path.name!r}: {CONFIG_FILE} is missing")
 
 
 def _no_weights(path: Path) -> AdapterInvalid:

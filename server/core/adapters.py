@@ -12,6 +12,12 @@ the engine so vLLM never evicts on its own. Beyond that the least recently used 
 adapter is removed and transparently re-validated and re-added on its next use; a request whose
 adapter finds every cached place pinned or busy waits for one (bounded by `wait_s`).
 
+Why an adapter stays in the engine a moment after its last request (`settle_s`): vLLM may still
+run a finished request's adapter in a step it had already scheduled; an adapter removed in that
+window is read back from disk inside that step, which evicts whatever vLLM's own LRU picks, a
+pinned adapter included, behind the registry's back (found by running the churn tests in reverse
+order). So nothing leaves the engine until `settle_s` after its last request ended.
+
 Why pins are not passed to the engine: vLLM's `pin_lora` also pins the adapter into an engine
 (GPU) slot, but its scheduler still admits up to `max_loras` other adapters per step; the worker
 then evicts an adapter of the running batch and fails, killing the engine. A pin here means
@@ -21,6 +27,7 @@ then evicts an adapter of the running batch and fails, killing the engine. A pin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Coroutine, Mapping
@@ -127,6 +134,7 @@ class AdapterLimits:
     max_loras: int  # engine slots: distinct adapters in one engine step (vLLM enforces it)
     max_cpu_loras: int  # adapters held in the engine at once (this registry enforces it)
     wait_s: float = 60.0  # how long a request waits for a free cached place
+    settle_s: float = 0.25  # an adapter stays in the engine this long after its last request
 
     @property
     def max_pins(self) -> int:
@@ -247,7 +255,10 @@ class AdapterRegistry:
         async with self._lock:
             record = self.get(name)
             del self._records[name]
-            await self._retire(record)
+            record.removed = True
+            self._retired.append(record)
+        if record.inflight == 0:
+            await self._unload_settled(record)
         return record
 
     def add_alias(self, alias: str, target: str) -> None:
@@ -286,7 +297,7 @@ class AdapterRegistry:
         if record.inflight == 0:
             self._signal_room()
             if record.removed:
-                self._spawn(self._unload_locked(record))
+                self._spawn(self._unload_settled(record))
 
     # ---- residency ---------------------------------------------------------------------------
     async def _wait_resident(self, name: str, *, requested: str) -> AdapterRecord:
@@ -301,13 +312,13 @@ class AdapterRegistry:
                     return record
                 room = self._room
             remaining = deadline - loop.time()
-            try:
-                await asyncio.wait_for(room.wait(), max(remaining, 0.0))
-            except TimeoutError:
+            if remaining <= 0:
                 raise Overloaded(
                     f"No free LoRA slot for adapter {name}: all {self.limits.max_cpu_loras} "
                     "cached adapters are pinned or busy"
-                ) from None
+                )
+            with contextlib.suppress(TimeoutError):  # woken by room, or by an adapter settling
+                await asyncio.wait_for(room.wait(), min(remaining, self._settling_in()))
 
     async def _load_if_room(self, record: AdapterRecord) -> bool:
         """Under the lock: load `record` into the engine, evicting an idle adapter if needed.
@@ -364,19 +375,32 @@ class AdapterRegistry:
                 previous.removed = False
                 self._retired = [r for r in self._retired if r is not previous]
                 self._records[record.name] = previous
-            await self._retire(record)
+            self._retire(record)
 
     def _resident_ids(self) -> set[int]:
         return {r.handle.int_id for r in self._all_records() if r.resident}
 
     def _eviction_candidate(self) -> AdapterRecord | None:
+        """The least recently used adapter that is idle, unpinned and settled."""
+        settled_before = time.monotonic() - self.limits.settle_s
+        idle = [r for r in self._idle_unpinned() if r.last_used <= settled_before]
+        return min(idle, key=lambda r: r.last_used) if idle else None
+
+    def _idle_unpinned(self) -> list[AdapterRecord]:
         busy = {r.handle.int_id for r in self._all_records() if r.inflight > 0}
         pinned = {r.handle.int_id for r in self._records.values() if r.pin}
-        idle = [
+        return [
             r for r in self._all_records()
             if r.resident and r.handle.int_id not in busy | pinned
         ]
-        return min(idle, key=lambda r: r.last_used) if idle else None
+
+    def _settling_in(self) -> float:
+        """Seconds until the next idle adapter settles (the wait is capped by `wait_s`)."""
+        idle = self._idle_unpinned()
+        if not idle:
+            return self.limits.wait_s
+        oldest = min(r.last_used for r in idle)
+        return max(oldest + self.limits.settle_s - time.monotonic(), 0.001)
 
     async def _evict(self, victim: AdapterRecord) -> None:
         try:
@@ -391,16 +415,19 @@ class AdapterRegistry:
             self._retired = [r for r in self._retired if r is not victim]
 
     # ---- retirement ----------------------------------------------------------------------------
-    async def _retire(self, record: AdapterRecord) -> None:
-        """Under the lock: `record` left `_records`; unload it now or when its requests end."""
+    def _retire(self, record: AdapterRecord) -> None:
+        """Under the lock: `record` left `_records`; it leaves the engine once its requests
+        ended and it settled."""
         record.removed = True
-        if record.inflight > 0:
-            self._retired.append(record)
-        else:
-            await self._unload(record)
-        self._signal_room()
+        self._retired.append(record)
+        if record.inflight == 0:
+            self._spawn(self._unload_settled(record))
 
-    async def _unload_locked(self, record: AdapterRecord) -> None:
+    async def _unload_settled(self, record: AdapterRecord) -> None:
+        """Remove a retired adapter from the engine once it settled, if it is still idle."""
+        wait = record.last_used + self.limits.settle_s - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
         async with self._lock:
             if record.inflight == 0:
                 await self._unload(record)
@@ -469,9 +496,7 @@ class AdapterRegistry:
                 record = self._new_record(old.name, src, preload=preload, pin=pin, options=options)
                 record.alias = old.alias
                 self._records[old.name] = record
-                old.removed = True
-                self._retired.append(old)
-                self._spawn(self._unload_locked(old))
+                self._retire(old)
                 return record
             validate_adapter_dir(path, self.rules)
             old.src = str(src)

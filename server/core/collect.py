@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
 from server.core.errors import EngineError
 from server.core.types import (
     Choice,
-    ChoiceEnd,
     Delta,
-    Done,
     FinishReason,
     GenerationEvent,
     GenerationResult,
@@ -25,17 +23,25 @@ class _ChoiceParts:
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
-    end: ChoiceEnd | None = None
+    finish: FinishReason = FinishReason.ABORT
+    matched_stop: str | int | None = None
+
+    def add(self, delta: Delta) -> None:
+        self.text.append(delta.text)
+        self.token_ids.extend(delta.token_ids)
+        self.logprobs.extend(delta.logprobs)
+        if delta.finish is not None:
+            self.finish = delta.finish
+            self.matched_stop = delta.matched_stop
 
     def to_choice(self, index: int) -> Choice:
-        end = self.end or ChoiceEnd(choice=index, reason=FinishReason.ABORT)
         return Choice(
             index=index,
             text="".join(self.text),
-            finish_reason=end.reason,
+            finish_reason=self.finish,
             token_ids=tuple(self.token_ids),
             logprobs=tuple(self.logprobs),
-            matched_stop=end.matched_stop,
+            matched_stop=self.matched_stop,
         )
 
 
@@ -43,24 +49,46 @@ async def collect(
     events: AsyncIterator[GenerationEvent], *, request_id: str, model: str
 ) -> GenerationResult:
     """Consume a whole event stream. Raises `EngineError` if it ends without `Done`."""
-    started = Started(prompt_token_ids=())
-    parts: dict[int, _ChoiceParts] = {}
-    usage: Usage | None = None
+    folder = _Folder()
     async for event in events:
-        if isinstance(event, Started):
-            started = event
-        elif isinstance(event, Delta):
-            part = parts.setdefault(event.choice, _ChoiceParts())
-            part.text.append(event.text)
-            part.token_ids.extend(event.token_ids)
-            part.logprobs.extend(event.logprobs)
-        elif isinstance(event, ChoiceEnd):
-            parts.setdefault(event.choice, _ChoiceParts()).end = event
-        elif isinstance(event, Done):
-            usage = event.usage
-    if usage is None:
-        raise EngineError("generation ended without a result")
-    choices = tuple(parts[i].to_choice(i) for i in sorted(parts))
-    return GenerationResult(
-        request_id=request_id, model=model, prompt=started, choices=choices, usage=usage
-    )
+        folder.add(event)
+    return folder.result(request_id=request_id, model=model)
+
+
+def fold(events: Iterable[GenerationEvent], *, request_id: str, model: str) -> GenerationResult:
+    """`collect` of events already received."""
+    folder = _Folder()
+    for event in events:
+        folder.add(event)
+    return folder.result(request_id=request_id, model=model)
+
+
+class _Folder:
+    def __init__(self) -> None:
+        self._prompts: dict[int, Started] = {}
+        self._parts: dict[int, _ChoiceParts] = {}
+        self._usage: Usage | None = None
+
+    def add(self, event: GenerationEvent) -> None:
+        if isinstance(event, Delta):
+            part = self._parts.get(event.choice)
+            if part is None:
+                part = self._parts[event.choice] = _ChoiceParts()
+            part.add(event)
+        elif isinstance(event, Started):
+            self._prompts.setdefault(event.prompt_index, event)
+        else:
+            self._usage = event.usage
+
+    def result(self, *, request_id: str, model: str) -> GenerationResult:
+        if self._usage is None:
+            raise EngineError("generation ended without a result")
+        prompts = self._prompts
+        parts = self._parts
+        return GenerationResult(
+            request_id=request_id,
+            model=model,
+            prompts=tuple(prompts[i] for i in sorted(prompts)) or (Started(prompt_token_ids=()),),
+            choices=tuple(parts[i].to_choice(i) for i in sorted(parts)),
+            usage=self._usage,
+        )

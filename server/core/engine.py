@@ -1,8 +1,10 @@
 """The Engine port: the small interface every engine implements (vLLM, fake).
 
-Contract, checked by tests/unit/test_engine_contract.py:
-1. `generate` yields `Started`, then `Delta*` and one `ChoiceEnd` per choice, then one `Done`.
-   Token counts in `Done.usage` match what was yielded.
+Contract, checked against both engines by tests/contract/:
+1. `generate` yields `Started`, then `Delta`s, the last delta of each choice carrying its
+   `finish` (never a separate end event, so encoders need no look-ahead), then one `Done`.
+   Token counts in `Done.usage` match what was yielded. A request that is not `stream` may get
+   each choice's whole output in one delta, with `Done.timing` saying when its tokens came.
 2. Only `GatewayError` subclasses escape; engines translate their own exceptions.
 3. Closing the iterator (or `abort(engine_request_id)`) ends generation promptly and frees the slot.
 4. `generate` never receives an adapter that `add_adapter` has not accepted; `add_adapter` must

@@ -65,6 +65,12 @@ class AdapterInvalid(InvalidRequest):
     error_type = "adapter_invalid"
 
 
+class AdapterSourceMissing(AdapterInvalid):
+    """Nothing that looks like an adapter is where its source points (no folder, no config)."""
+
+    error_type = "adapter_invalid"
+
+
 class AdapterExists(GatewayError):
     error_type = "adapter_exists"
 

@@ -77,12 +77,12 @@ class Lifecycle:
         if self.state is not State.FAILED:
             self.state = State.STOPPED
 
-    def enter(self) -> None:
-        self.inflight += 1
+    def enter(self, count: int = 1) -> None:
+        self.inflight += count
         self._idle.clear()
 
-    def leave(self) -> None:
-        self.inflight -= 1
+    def leave(self, count: int = 1) -> None:
+        self.inflight -= count
         if self.inflight <= 0:
             self.inflight = 0
             self._idle.set()
@@ -94,3 +94,21 @@ class Lifecycle:
         except TimeoutError:
             return False
         return True
+
+
+class Shutdown:
+    """The stop request: SIGTERM, SIGINT and GET /stopService all land in `request()`.
+    Readiness turns 503 at once; the runtime drains (server/runtime/process.py) and then sets
+    `drained`. `force` aborts in-flight requests instead of waiting for them. Idempotent."""
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self._lifecycle = lifecycle
+        self.requested = asyncio.Event()
+        self.forced = asyncio.Event()
+        self.drained = asyncio.Event()
+
+    def request(self, *, force: bool = False) -> None:
+        self._lifecycle.begin_drain()
+        if force:
+            self.forced.set()
+        self.requested.set()

@@ -105,7 +105,7 @@ class GenerationRequest:
     prompt: Prompt
     sampling: Sampling
     output: OutputOptions = field(default_factory=OutputOptions)
-    stream: bool = False
+    stream: bool = False  # False: the engine may deliver each choice's output in one piece
     protocol: str = "unknown"  # metrics/log label only, never branched on
     adapter: str | None = None
     priority: int = 0
@@ -113,7 +113,7 @@ class GenerationRequest:
 
 
 class FinishReason(StrEnum):
-    STOP = "stop"  # EOS, stop string or stop token; see ChoiceEnd.matched_stop
+    STOP = "stop"  # EOS, stop string or stop token; see Delta.matched_stop
     LENGTH = "length"
     ABORT = "abort"
 
@@ -135,29 +135,29 @@ class TokenLogprob:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Started:
-    """First event of every stream: what the engine made of the prompt."""
+    """What the engine made of a prompt: first event of every request. In a batch every
+    request's `Started` is forwarded, `prompt_index` saying which prompt it describes."""
 
     prompt_token_ids: tuple[int, ...]
     prompt_text: str | None = None
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
+    prompt_index: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Delta:
-    """New output for one choice. `text` may be "" while a multi-byte character is incomplete."""
+    """New output for one choice. `text` may be "" while a multi-byte character is incomplete.
+
+    The last delta of a choice carries `finish` (and `matched_stop`: the stop string or token id
+    that ended it, None for EOS or length); a choice that ends without new output (an abort)
+    ends with a delta that has no text and no tokens.
+    """
 
     choice: int
     text: str
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ChoiceEnd:
-    """The end of one choice. `matched_stop`: the stop string or token id; None means EOS."""
-
-    choice: int
-    reason: FinishReason
+    finish: FinishReason | None = None
     matched_stop: str | int | None = None
 
 
@@ -172,11 +172,21 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TokenTiming:
+    """When an engine that delivered a request's output in one piece produced its tokens:
+    seconds from receiving the request to its first token, and from the first to the last."""
+
+    first_token_s: float
+    decode_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Done:
     usage: Usage
+    timing: TokenTiming | None = None  # set by engines for output delivered in one piece
 
 
-GenerationEvent = Started | Delta | ChoiceEnd | Done
+GenerationEvent = Started | Delta | Done
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,9 +203,13 @@ class Choice:
 class GenerationResult:
     request_id: str
     model: str
-    prompt: Started
+    prompts: tuple[Started, ...]  # one per prompt of the request, in prompt order
     choices: tuple[Choice, ...]
     usage: Usage
+
+    @property
+    def prompt(self) -> Started:
+        return self.prompts[0]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
-import struct
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from server.core.adapter_files import AdapterRules, BaseModelShape
+from server.core.adapter_files import AdapterRules
 from server.core.adapters import AdapterLimits, AdapterRegistry, Residency
 from server.core.errors import (
     AdapterCapacity,
@@ -23,48 +20,10 @@ from server.core.errors import (
     LoraDisabled,
     Overloaded,
 )
-from server.engine.fake import FakeEngine, FakeScript
+from server.engines.fake import FakeEngine, FakeScript
+from tests.unit.demo_kit import SHAPE, write_adapter
 
 pytestmark = pytest.mark.anyio
-
-SHAPE = BaseModelShape(hidden_size=16, intermediate_size=32, q_width=16, kv_width=8, num_layers=2)
-WIDTHS = {"q_proj": (16, 16), "k_proj": (16, 8), "v_proj": (16, 8), "o_proj": (16, 16),
-          "gate_proj": (16, 32), "up_proj": (16, 32), "down_proj": (32, 16)}
-
-
-def write_adapter(
-    folder: Path, *, rank: int = 8, modules: tuple[str, ...] = ("q_proj", "v_proj"),
-    layers: int = 2, config: dict[str, Any] | None = None, tensor_rank: int | None = None,
-) -> Path:
-    """A small valid LoRA adapter (PEFT layout, zero weights) fitting SHAPE."""
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg = {"peft_type": "LORA", "r": rank, "lora_alpha": 16, "target_modules": list(modules),
-           "bias": "none", "base_model_name_or_path": "tiny"}
-    cfg.update(config or {})
-    (folder / "adapter_config.json").write_text(json.dumps(cfg))
-    r = tensor_rank or rank
-    tensors: dict[str, list[int]] = {}
-    for layer in range(layers):
-        for module in modules:
-            block = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
-            prefix = f"base_model.model.model.layers.{layer}.{block}.{module}"
-            width_in, width_out = WIDTHS[module]
-            tensors[f"{prefix}.lora_A.weight"] = [r, width_in]
-            tensors[f"{prefix}.lora_B.weight"] = [width_out, r]
-    write_safetensors(folder / "adapter_model.safetensors", tensors)
-    return folder
-
-
-def write_safetensors(path: Path, tensors: dict[str, list[int]]) -> None:
-    header: dict[str, Any] = {}
-    offset = 0
-    for name, shape in tensors.items():
-        size = shape[0] * shape[1] * 4
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
-
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
@@ -76,13 +35,13 @@ def root(tmp_path: Path) -> Path:
 
 def make_registry(
     root: Path, engine: FakeEngine | None = None, *, max_loras: int = 2, max_cpu_loras: int = 4,
-    wait_s: float = 5.0, enabled: bool = True,
+    wait_s: float = 5.0, enabled: bool = True, settle_s: float = 0.0,
 ) -> tuple[AdapterRegistry, FakeEngine]:
     engine = engine or FakeEngine(model_name="tiny")
     rules = AdapterRules(roots=(str(root),), max_rank=8, base_names=frozenset({"tiny"}),
                          base_shape=SHAPE)
     limits = AdapterLimits(enabled=enabled, max_loras=max_loras, max_cpu_loras=max_cpu_loras,
-                           wait_s=wait_s)
+                           wait_s=wait_s, settle_s=settle_s)
     return AdapterRegistry(engine=engine, rules=rules, limits=limits), engine
 
 
@@ -441,7 +400,7 @@ async def test_concurrent_register_unregister_and_traffic_keep_state_consistent(
 async def test_metrics_collector_exports_registered_adapters_only(root: Path) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from server.metrics import AdapterCollector
+    from server.observability.metrics import AdapterCollector
 
     registry, _ = make_registry(root)
     await registry.register("a1", str(root / "a1"))
@@ -456,3 +415,22 @@ async def test_metrics_collector_exports_registered_adapters_only(root: Path) ->
     assert 'gateway_adapter_loads_total{adapter="a1"} 1.0' in text
     assert 'gateway_adapter_residency{adapter="a1",residency="cpu_cache"} 1.0' in text
     assert "unknown" not in text
+
+
+async def test_an_adapter_stays_in_the_engine_until_it_settled(root: Path) -> None:
+    """vLLM may still run a finished request's adapter in a step it already scheduled: nothing
+    leaves the engine until `settle_s` after its last request, neither evicted nor unloaded."""
+    registry, engine = make_registry(root, max_loras=1, max_cpu_loras=2, settle_s=0.2)
+    for name in ("a1", "a2"):
+        await registry.register(name, str(root / name))
+    await registry.register("a3", str(root / "a3"), preload=False)
+    registry.release(await registry.acquire("a1"))  # a1 is now the least recently used
+    registry.release(await registry.acquire("a2"))
+    started = asyncio.get_running_loop().time()
+    handle = await registry.acquire("a3")  # needs a place: waits for a1 to settle
+    assert asyncio.get_running_loop().time() - started >= 0.15
+    assert names_in_engine(engine) == {"a2", "a3"}
+    registry.release(handle)
+    await registry.unregister("a3")  # answers once a3 settled and left the engine
+    assert names_in_engine(engine) == {"a2"}
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,6 @@ from server.core.errors import (
 from server.core.lifecycle import Lifecycle
 from server.core.service import InferenceService, Limits
 from server.core.types import (
-    ChoiceEnd,
     Delta,
     Done,
     FinishReason,
@@ -29,7 +29,7 @@ from server.core.types import (
     Started,
     TextPrompt,
 )
-from server.engine.fake import FakeEngine, FakeScript
+from server.engines.fake import FakeEngine, FakeScript
 
 pytestmark = pytest.mark.anyio
 
@@ -58,11 +58,13 @@ def make_service(
 def request(
     prompt: str = "one two three", *, rid: str = "r", n: int = 1, tokens: int = 4, model: str = ""
 ) -> GenerationRequest:
+    """A streamed request: `start()` returns once its first token is there."""
     return GenerationRequest(
         request_id=rid,
         model=model,
         prompt=TextPrompt(prompt),
         sampling=Sampling(max_new_tokens=tokens, n=n),
+        stream=True,
     )
 
 
@@ -81,9 +83,24 @@ async def test_stream_event_order_is_started_deltas_end_done() -> None:
         await stream.aclose()
     assert isinstance(events[0], Started)
     assert isinstance(events[-1], Done)
-    ends = [e for e in events if isinstance(e, ChoiceEnd)]
-    assert [e.choice for e in ends] == [0, 1]
-    assert sum(isinstance(e, Delta) for e in events) == events[-1].usage.completion_tokens == 4
+    deltas = [e for e in events if isinstance(e, Delta)]
+    ends = [e for e in deltas if e.finish is not None]
+    assert [e.choice for e in ends] == [0, 1]  # each choice's last delta carries its end
+    assert all(e.token_ids for e in ends)
+    assert len(deltas) == events[-1].usage.completion_tokens == 4
+
+
+async def test_a_request_not_streamed_gets_each_choice_in_one_delta() -> None:
+    stream = await make_service().start(replace(request(n=2, tokens=3), stream=False))
+    try:
+        events = [event async for event in stream]
+    finally:
+        await stream.aclose()
+    deltas = [e for e in events if isinstance(e, Delta)]
+    assert [(d.choice, len(d.token_ids), d.finish) for d in deltas] == [
+        (0, 3, FinishReason.LENGTH),
+        (1, 3, FinishReason.LENGTH),
+    ]
 
 
 async def test_unknown_model_raises_model_not_found_and_frees_the_slot() -> None:
@@ -121,7 +138,7 @@ async def test_cancel_by_request_id_ends_the_stream_with_abort() -> None:
     service.cancel("stop-me")
     events = [event async for event in stream]
     await stream.aclose()
-    assert any(isinstance(e, ChoiceEnd) and e.reason is FinishReason.ABORT for e in events)
+    assert any(isinstance(e, Delta) and e.finish is FinishReason.ABORT for e in events)
     assert engine.running == 0
     with pytest.raises(RequestNotFound):
         service.cancel("stop-me")
@@ -133,7 +150,7 @@ async def test_closing_a_stream_early_aborts_the_engine_request() -> None:
     stream = await service.start(request(rid="gone", tokens=100))
     await stream.__anext__()
     await stream.aclose()
-    assert engine.aborted == [stream.engine_id]
+    assert list(engine.aborted) == [stream.engine_id]
     assert service.lifecycle.inflight == 0
 
 

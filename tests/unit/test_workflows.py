@@ -10,15 +10,15 @@ import pytest
 
 from server.core.adapter_files import AdapterRules
 from server.core.adapters import AdapterLimits, AdapterRegistry
-from server.engine.fake import FakeEngine
-from server.workflows import (
+from server.core.workflows import (
     ServedBase,
     WorkflowError,
     load_workflows,
     parse_workflow,
     register_workflows,
 )
-from tests.unit.test_adapters import write_adapter
+from server.engines.fake import FakeEngine
+from tests.unit.demo_kit import write_adapter
 
 pytestmark = pytest.mark.anyio
 

@@ -5,8 +5,9 @@ inside methods), so importing it loads neither vLLM nor torch. It owns:
 
 - prompt preparation: text, chat and token prompts all become token ids here, are checked against
   the context length, and reach vLLM pre-tokenized (no second tokenization inside vLLM);
-- `Sampling` → `SamplingParams` (delta outputs);
-- `RequestOutput` → `Started`, `Delta`, `ChoiceEnd`, `Done` events;
+- `Sampling` → `SamplingParams`: delta outputs for streamed requests, final-only outputs for the
+  others (as vLLM's own server does: no per-token work in this process for them);
+- `RequestOutput` → `Started`, `Delta` (the last one of a choice carrying its finish), `Done`;
 - vLLM exceptions → `GatewayError`s (nothing else escapes);
 - live scheduler stats, from a stat logger added next to vLLM's own Prometheus logger.
 """
@@ -37,7 +38,6 @@ from server.core.errors import (
 from server.core.types import (
     AdapterHandle,
     ChatPrompt,
-    ChoiceEnd,
     Delta,
     Done,
     EngineInfo,
@@ -51,6 +51,7 @@ from server.core.types import (
     StructuredOutput,
     TokenLogprob,
     TokenPrompt,
+    TokenTiming,
     TopLogprob,
     Usage,
 )
@@ -65,7 +66,7 @@ if TYPE_CHECKING:
     from vllm.tokenizers import TokenizerLike
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.metrics.loggers import StatLoggerBase
-    from vllm.v1.metrics.stats import SchedulerStats
+    from vllm.v1.metrics.stats import RequestStateStats, SchedulerStats
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ class VllmEngineOptions:
             "disable_log_stats": False,
         }
         if self.enable_lora:  # base tokens in mixed LoRA batches on CPU: see vllm_cpu_fix.py
-            kwargs["worker_extension_cls"] = "server.engine.vllm_cpu_fix.CpuLoraFix"
+            kwargs["worker_extension_cls"] = "server.engines.vllm_cpu_fix.CpuLoraFix"
         kwargs.update(self.extra)
         return kwargs
 
@@ -481,16 +482,18 @@ class VllmEngine:
 
 
 class _EventFolder:
-    """Folds vLLM's delta `RequestOutput`s of one request into the port's events."""
+    """Folds vLLM's `RequestOutput`s of one request into the port's events."""
 
     def __init__(self, prompt: _PreparedPrompt, request: GenerationRequest) -> None:
         self._prompt = prompt
         self._choices = request.sampling.n
         self._top = request.output.logprobs
         self._prompt_top = request.output.prompt_logprobs
+        self._final_only = not request.stream
         self._started = False
         self._ended: set[int] = set()
         self._generated = 0
+        self._timing: TokenTiming | None = None
 
     def fold(self, output: RequestOutput) -> Iterator[GenerationEvent]:
         """The events of one output; the first output also brings `Started`.
@@ -501,16 +504,20 @@ class _EventFolder:
         if not self._started:
             yield self._start(output.prompt_logprobs)
         for completion in output.outputs:
-            yield from self._completion_events(completion)
+            delta = self._delta(completion)
+            if delta is not None:
+                yield delta
+        if self._final_only and output.finished:
+            self._timing = _token_timing(output.metrics)
 
     def closing(self) -> Iterator[GenerationEvent]:
         if not self._started:
             yield self._start(None)
         for index in range(self._choices):
             if index not in self._ended:
-                yield ChoiceEnd(choice=index, reason=FinishReason.ABORT)
+                yield Delta(choice=index, text="", finish=FinishReason.ABORT)
         usage = Usage(prompt_tokens=len(self._prompt.token_ids), completion_tokens=self._generated)
-        yield Done(usage=usage)
+        yield Done(usage=usage, timing=self._timing)
 
     def _start(self, prompt_logprobs: Sequence[Mapping[int, Logprob] | None] | None) -> Started:
         self._started = True
@@ -522,24 +529,35 @@ class _EventFolder:
             ),
         )
 
-    def _completion_events(self, completion: CompletionOutput) -> Iterator[GenerationEvent]:
+    def _delta(self, completion: CompletionOutput) -> Delta | None:
         token_ids = tuple(completion.token_ids)
-        if completion.text or token_ids:
-            self._generated += len(token_ids)
-            yield Delta(
-                choice=completion.index,
-                text=completion.text,
-                token_ids=token_ids,
-                logprobs=_sample_logprobs(token_ids, completion.logprobs, self._top),
-            )
         reason = completion.finish_reason
-        if reason is not None and completion.index not in self._ended:
+        ends = reason is not None and completion.index not in self._ended
+        if not (completion.text or token_ids or ends):
+            return None
+        self._generated += len(token_ids)
+        finish = None
+        if ends:
+            assert reason is not None
+            finish = _finish_reason(reason)
             self._ended.add(completion.index)
-            yield ChoiceEnd(
-                choice=completion.index,
-                reason=_finish_reason(reason),
-                matched_stop=completion.stop_reason,
-            )
+        return Delta(
+            choice=completion.index,
+            text=completion.text,
+            token_ids=token_ids,
+            logprobs=_sample_logprobs(token_ids, completion.logprobs, self._top),
+            finish=finish,
+            matched_stop=completion.stop_reason if ends else None,
+        )
+
+
+def _token_timing(stats: RequestStateStats | object) -> TokenTiming | None:
+    """The engine's token times of a finished request (`RequestOutput.metrics`), if it kept them."""
+    first_latency = getattr(stats, "first_token_latency", 0.0)
+    first, last = getattr(stats, "first_token_ts", 0.0), getattr(stats, "last_token_ts", 0.0)
+    if not first_latency or not first:
+        return None
+    return TokenTiming(first_token_s=first_latency, decode_s=max(last - first, 0.0))
 
 
 def _finish_reason(reason: str) -> FinishReason:
@@ -606,7 +624,7 @@ def _sampling_params(request: GenerationRequest, max_tokens: int) -> SamplingPar
             **kwargs,
             logprobs=request.output.logprobs,
             prompt_logprobs=request.output.prompt_logprobs,
-            output_kind=RequestOutputKind.DELTA,
+            output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
         )
     except Exception as exc:  # vLLM validates in the constructor (VLLMValidationError)
         raise _to_gateway_error(exc) from exc

@@ -11,7 +11,7 @@ from server.core.types import GenerationRequest, OutputOptions, Sampling, TextPr
 from server.settings import Settings, SettingsError, resolve_path
 
 if TYPE_CHECKING:
-    from server.engine.fake import FakeScript
+    from server.engines.fake import FakeScript
 
 logger = logging.getLogger("gateway")
 
@@ -21,11 +21,11 @@ FAKE_OPTIONS = frozenset({"token_delay_s", "fail_after", "hang_after", "dead_fla
 
 async def create_engine(settings: Settings) -> Engine:
     if settings.engine == "fake":
-        from server.engine.fake import FakeEngine
+        from server.engines.fake import FakeEngine
 
         script = fake_script(settings.model.engine_options)
         return FakeEngine(script, model_name=settings.model.name)
-    from server.engine.vllm_engine import VllmEngineOptions, create
+    from server.engines.vllm import VllmEngineOptions, create
 
     model, lora = settings.model, settings.lora
     options = VllmEngineOptions(
@@ -72,7 +72,7 @@ async def warm_up(engine: Engine) -> None:
 
 def fake_script(options: dict[str, Any]) -> FakeScript:
     """The fake engine's script from `ModelConfig.engineOptions` (e.g. a per-token delay)."""
-    from server.engine.fake import FakeScript
+    from server.engines.fake import FakeScript
 
     unknown = sorted(set(options) - FAKE_OPTIONS)
     if unknown:

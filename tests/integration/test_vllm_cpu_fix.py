@@ -1,4 +1,4 @@
-"""The CPU LoRA op wrappers (server/engine/vllm_cpu_fix.py) against vLLM's own torch ops."""
+"""The CPU LoRA op wrappers (server/engines/vllm_cpu_fix.py) against vLLM's own torch ops."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from server.engine.vllm_cpu_fix import skipping_no_lora_rows
+from server.engines.vllm_cpu_fix import skipping_no_lora_rows
 
 torch = pytest.importorskip("torch")
 ops = importlib.import_module("vllm.lora.ops.torch_ops.lora_ops")

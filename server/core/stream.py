@@ -1,0 +1,272 @@
+"""`EventStream`: the events of one admitted request, with its timing and its clean-up.
+
+Built by the service around an engine's event generator. The stream never knows the service:
+it reports tokens to the observer and, when closed, hands itself to `on_close` exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from server.core.errors import DeadlineExceeded, GatewayError
+from server.core.types import (
+    AdapterHandle,
+    Delta,
+    Done,
+    GenerationEvent,
+    GenerationRequest,
+    Started,
+    TokenTiming,
+    Usage,
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timing:
+    """How long one admitted request took, measured from admission."""
+
+    seconds: float  # admission to close
+    first_token_s: float | None = None  # admission to the first generated token
+    mean_token_gap_s: float | None = None  # mean time between later tokens (MindIE TBT)
+
+
+class RequestObserver(Protocol):
+    """Metrics hook. Implemented outside the core (server/observability).
+
+    `admitted` pairs with exactly one `finished`; `rejected` is a request that never ran.
+    `token_gap` runs once per streamed delta (`times` > 1: that many equal gaps of output
+    delivered in one piece): implementations must keep it tiny.
+    """
+
+    def admitted(self, request: GenerationRequest) -> None: ...
+
+    def first_token(self, request: GenerationRequest, seconds: float) -> None: ...
+
+    def token_gap(self, request: GenerationRequest, seconds: float, times: int = 1) -> None: ...
+
+    def finished(
+        self,
+        request: GenerationRequest,
+        *,
+        error_type: str | None,
+        usage: Usage | None,
+        timing: Timing,
+    ) -> None: ...
+
+    def rejected(self, request: GenerationRequest, error_type: str) -> None: ...
+
+
+class NullObserver:
+    def admitted(self, request: GenerationRequest) -> None:
+        pass
+
+    def first_token(self, request: GenerationRequest, seconds: float) -> None:
+        pass
+
+    def token_gap(self, request: GenerationRequest, seconds: float, times: int = 1) -> None:
+        pass
+
+    def finished(
+        self,
+        request: GenerationRequest,
+        *,
+        error_type: str | None,
+        usage: Usage | None,
+        timing: Timing,
+    ) -> None:
+        pass
+
+    def rejected(self, request: GenerationRequest, error_type: str) -> None:
+        pass
+
+
+Abort = Callable[[], Coroutine[object, object, None]]
+
+
+class EventStream:
+    """Iterate once; `aclose()` always runs the clean-up (engine abort, `on_close`).
+
+    Before returning it, the service primes the stream up to its first event after `Started`,
+    so failures before any output raise from `start()` and get a real status.
+    """
+
+    __slots__ = (
+        "_abort", "_cancel_reason", "_cancelled", "_closed", "_done", "_events", "_failure",
+        "_first_token_at", "_gaps", "_last_token_at", "_observer", "_on_close", "_primed",
+        "_raise_next", "_started_at", "_timer", "_usage", "adapter", "engine_id", "request",
+    )
+
+    def __init__(  # noqa: PLR0913 - the request, its events and the hooks around them
+        self,
+        request: GenerationRequest,
+        events: AsyncGenerator[GenerationEvent, None],
+        *,
+        engine_id: str,
+        adapter: AdapterHandle | None,
+        abort: Abort,
+        observer: RequestObserver,
+        on_close: Callable[[EventStream], None],
+    ) -> None:
+        self.request = request
+        self.engine_id = engine_id  # the engine's id of this request (unique per process)
+        self.adapter = adapter
+        self._events = events
+        self._abort = abort
+        self._observer = observer
+        self._on_close = on_close
+        self._primed: deque[GenerationEvent] = deque()
+        self._done = False
+        self._closed = False
+        self._cancel_reason: GatewayError | None = None
+        self._raise_next = False  # the cancel reason follows the output already produced
+        self._failure: GatewayError | None = None
+        self._cancelled = False
+        self._started_at = time.monotonic()
+        self._first_token_at: float | None = None
+        self._last_token_at: float | None = None
+        self._gaps = 0
+        self._usage: Usage | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> GenerationEvent:
+        if self._primed:
+            return self._primed.popleft()
+        if self._done:
+            raise StopAsyncIteration
+        return await self._pull()
+
+    async def prime(self) -> None:
+        """Pull events until the first one after `Started`, so early failures raise here."""
+        while True:
+            event = await self._pull()
+            self._primed.append(event)
+            if not isinstance(event, Started):
+                return
+
+    async def _pull(self) -> GenerationEvent:
+        if self._raise_next:
+            self._done = True
+            assert self._cancel_reason is not None
+            raise self._cancel_reason
+        try:
+            event = await self._events.__anext__()
+        except StopAsyncIteration:
+            self._done = True
+            if self._cancel_reason is not None:
+                raise self._cancel_reason from None
+            raise
+        except GatewayError as exc:
+            self._done = True
+            self._failure = exc
+            raise
+        if isinstance(event, Delta):
+            return self._delta(event)
+        if isinstance(event, Done):
+            self._end(event)
+        return event
+
+    def _delta(self, delta: Delta) -> Delta:
+        if self._cancel_reason is not None and delta.finish is not None:
+            if not (delta.text or delta.token_ids):
+                self._done = True
+                raise self._cancel_reason
+            self._raise_next = True  # what was produced goes out, then the error
+            delta = replace(delta, finish=None, matched_stop=None)
+        if delta.token_ids and self.request.stream:
+            self._observe_tokens(time.monotonic())
+        return delta
+
+    def _observe_tokens(self, now: float) -> None:
+        if self._last_token_at is None:
+            self._first_token_at = now
+            self._observer.first_token(self.request, now - self._started_at)
+        else:
+            self._gaps += 1
+            self._observer.token_gap(self.request, now - self._last_token_at)
+        self._last_token_at = now
+
+    def _end(self, done: Done) -> None:
+        self._done = True
+        if self._cancel_reason is not None:
+            raise self._cancel_reason
+        self._usage = done.usage
+        if not self.request.stream:
+            self._observe_engine_timing(done)
+
+    def _observe_engine_timing(self, done: Done) -> None:
+        """Output delivered in one piece: token times as the engine reported them."""
+        tokens = done.usage.completion_tokens
+        if tokens == 0:
+            return
+        timing = done.timing or TokenTiming(
+            first_token_s=time.monotonic() - self._started_at, decode_s=0.0
+        )
+        self._first_token_at = self._started_at + timing.first_token_s
+        self._last_token_at = self._first_token_at + timing.decode_s
+        self._observer.first_token(self.request, timing.first_token_s)
+        self._gaps = max(tokens - self.request.sampling.n, 0) if done.timing else 0
+        if self._gaps:
+            self._observer.token_gap(self.request, timing.decode_s / self._gaps, self._gaps)
+
+    def cancel(self, reason: GatewayError | None = None) -> None:
+        """Abort in the engine. With a reason, the stream then raises it (in-band error)."""
+        if self._cancelled or self._done:
+            return
+        self._cancelled = True
+        self._cancel_reason = reason
+        asyncio.get_running_loop().create_task(self._abort())
+
+    def arm_deadline(self, timeout_s: float | None) -> None:
+        if timeout_s:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(timeout_s, self._expire, timeout_s)
+
+    def _expire(self, timeout_s: float) -> None:
+        # The error is built only when a deadline fires, not on every request's hot path.
+        self.cancel(DeadlineExceeded(f"Request exceeded its deadline of {timeout_s:g} s"))
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if not self._done:
+            self._cancelled = True
+            await asyncio.shield(self._abort())
+        try:
+            await self._events.aclose()
+        finally:
+            self._on_close(self)
+
+    @property
+    def usage(self) -> Usage | None:
+        """The usage the engine reported; None unless the request ran to its end."""
+        return self._usage
+
+    @property
+    def error_type(self) -> str | None:
+        if self._usage is not None:
+            return None
+        reason = self._cancel_reason or self._failure
+        return reason.error_type if reason else "aborted"
+
+    @property
+    def timing(self) -> Timing:
+        first, last = self._first_token_at, self._last_token_at
+        gap = None
+        if first is not None and last is not None and self._gaps:
+            gap = (last - first) / self._gaps
+        return Timing(
+            seconds=time.monotonic() - self._started_at,
+            first_token_s=None if first is None else first - self._started_at,
+            mean_token_gap_s=gap,
+        )

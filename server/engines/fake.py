@@ -1,0 +1,384 @@
+"""FakeEngine: deterministic, dependency-free, scriptable. For unit and timing tests only.
+
+Token i of choice c is the ((i + c) mod len)-th word of the rendered prompt, each followed by a
+space; with an adapter active, the first token is "[<adapter>]". Stop strings, max_new_tokens and
+n are honoured. Streamed requests get one delta per token (yielding to the event loop between
+tokens, as a real engine's output handler does); others get each choice in one delta, as vLLM's
+final-only outputs, with the token times in `Done.timing`. Every request and abort is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import time
+import zlib
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Generator
+from dataclasses import dataclass, field
+
+from server.core.errors import (
+    AdapterInvalid,
+    ContextLengthExceeded,
+    EngineError,
+    GatewayError,
+    InvalidRequest,
+    ServiceUnavailable,
+)
+from server.core.types import (
+    AdapterHandle,
+    ChatPrompt,
+    Delta,
+    Done,
+    EngineInfo,
+    EngineStats,
+    FinishReason,
+    GenerationEvent,
+    GenerationRequest,
+    Prompt,
+    Started,
+    TextPrompt,
+    TokenLogprob,
+    TokenPrompt,
+    TokenTiming,
+    Usage,
+)
+
+VOCAB = 1000
+REMEMBERED = 1000
+
+
+@dataclass(kw_only=True)
+class FakeScript:
+    token_delay_s: float = 0.0
+    fail_after: int | None = None  # raise `fail_with` (default EngineError) after N tokens
+    fail_with: Exception | None = None
+    reject_with: GatewayError | None = None  # raise before the first token
+    hang_after: int | None = None  # block after N tokens until aborted
+    bad_adapter_paths: set[str] = field(default_factory=set)
+    dead_flag_path: str | None = None  # check_health fails while this file exists
+
+
+def render(prompt: TextPrompt | ChatPrompt | TokenPrompt) -> str:
+    if isinstance(prompt, TextPrompt):
+        return prompt.text
+    if isinstance(prompt, ChatPrompt):
+        return " ".join(f"{m.role}: {m.content}" for m in prompt.messages)
+    return " ".join(f"t{t}" for t in prompt.token_ids)
+
+
+@functools.lru_cache(maxsize=65536)
+def token_id(word: str) -> int:
+    return zlib.crc32(word.encode()) % VOCAB
+
+
+@functools.lru_cache(maxsize=4096)
+def _words_of(prompt: Prompt) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The prompt's words (at most 4096) and their token ids; prompts repeat in benchmarks."""
+    words = tuple((render(prompt).split() or ["empty"])[:4096])
+    return words, tuple(token_id(w) for w in words)
+
+
+class FakeEngine:
+    def __init__(self, script: FakeScript | None = None, *, model_name: str = "fake") -> None:
+        self.script = script or FakeScript()
+        self.model_name = model_name
+        # the latest requests and aborts, for assertions (bounded: benchmarks run millions)
+        self.requests: deque[GenerationRequest] = deque(maxlen=REMEMBERED)
+        self.aborted: deque[str] = deque(maxlen=REMEMBERED)
+        self.adapters: dict[int, AdapterHandle] = {}
+        self.pinned: set[int] = set()
+        self.running = 0
+        self._aborts: dict[str, asyncio.Event] = {}
+
+    async def generate(
+        self, request: GenerationRequest, engine_request_id: str, adapter: AdapterHandle | None
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        self.requests.append(request)
+        if self.script.reject_with is not None:
+            raise self.script.reject_with
+        _check_vocabulary(request.prompt)
+        words, prompt_ids = _words_of(request.prompt)
+        if len(words) >= self.info().max_model_len:
+            raise ContextLengthExceeded("prompt is longer than the context")
+        abort = self._aborts[engine_request_id] = asyncio.Event()
+        self.running += 1
+        clock = _TokenClock()
+        try:
+            yield Started(prompt_token_ids=prompt_ids)
+            if not request.stream:
+                await asyncio.sleep(0)  # one turn of the loop per request, as one final output
+            completion = 0
+            for choice in range(request.sampling.n):
+                tokens = _Tokens(request, words, prompt_ids, choice, adapter)
+                if request.stream:
+                    async for delta in self._choice(tokens, abort, clock, streaming=True):
+                        completion += len(delta.token_ids)
+                        yield delta
+                    continue
+                whole = await self._whole(tokens, abort, clock)
+                completion += len(whole.token_ids)
+                yield whole
+            usage = Usage(prompt_tokens=len(words), completion_tokens=completion)
+            yield Done(usage=usage, timing=None if request.stream else clock.timing())
+        finally:
+            self.running -= 1
+            self._aborts.pop(engine_request_id, None)
+
+    async def _whole(self, tokens: _Tokens, abort: asyncio.Event, clock: _TokenClock) -> Delta:
+        """A choice in one delta (final-only output). Unscripted, without per-token work."""
+        if not self._scripted():
+            return tokens.whole(clock)
+        deltas = self._choice(tokens, abort, clock, streaming=False)
+        return _joined([delta async for delta in deltas])
+
+    async def _choice(
+        self, tokens: _Tokens, abort: asyncio.Event, clock: _TokenClock, *, streaming: bool
+    ) -> AsyncIterator[Delta]:
+        limit, choice, logprobs = tokens.limit, tokens.choice, tokens.logprobs is not None
+        paced = self._scripted()
+        for i in range(limit):
+            if paced:
+                await self._pace(i, abort, streaming)
+            else:
+                await _NEXT_TURN  # as an output handler wakes its consumer once per step
+            if abort.is_set():
+                yield Delta(choice=choice, text="", finish=FinishReason.ABORT)
+                return
+            piece, tid, stop = tokens.next(i)
+            if stop is not None:
+                yield Delta(choice=choice, text="", finish=FinishReason.STOP, matched_stop=stop)
+                return
+            if not streaming:
+                clock.tick()
+            finish = FinishReason.LENGTH if i == limit - 1 else None
+            yield _delta(choice, piece, tid, logprobs, finish)
+
+    def _scripted(self) -> bool:
+        script = self.script
+        return bool(
+            script.fail_after is not None or script.hang_after is not None or script.token_delay_s
+        )
+
+    async def _pace(self, index: int, abort: asyncio.Event, streaming: bool) -> None:
+        script = self.script
+        if script.fail_after is not None and index >= script.fail_after:
+            raise script.fail_with or EngineError("scripted failure")
+        if script.hang_after is not None and index >= script.hang_after:
+            await abort.wait()
+        elif script.token_delay_s:
+            try:
+                await asyncio.wait_for(abort.wait(), script.token_delay_s)
+            except TimeoutError:
+                pass
+        elif streaming:
+            await asyncio.sleep(0)
+
+    async def abort(self, engine_request_id: str) -> None:
+        self.aborted.append(engine_request_id)
+        event = self._aborts.get(engine_request_id)
+        if event is not None:
+            event.set()
+
+    async def check_health(self) -> None:
+        flag = self.script.dead_flag_path
+        if flag is not None and os.path.exists(flag):  # noqa: ASYNC240 (a stat, test only)
+            raise ServiceUnavailable("engine is dead: scripted failure")
+
+    async def add_adapter(self, adapter: AdapterHandle) -> None:
+        if adapter.path in self.script.bad_adapter_paths:
+            raise AdapterInvalid(f"Loading lora {adapter.name} failed")
+        self.adapters[adapter.int_id] = adapter
+
+    async def remove_adapter(self, adapter: AdapterHandle) -> None:
+        self.adapters.pop(adapter.int_id, None)
+        self.pinned.discard(adapter.int_id)
+
+    async def pin_adapter(self, adapter: AdapterHandle) -> None:
+        self.pinned.add(adapter.int_id)
+
+    async def resident_adapters(self) -> set[int]:
+        return set(self.adapters)
+
+    async def tokenize(self, text: str | ChatPrompt, *, add_special_tokens: bool) -> list[int]:
+        rendered = text if isinstance(text, str) else render(text)
+        return [token_id(w) for w in rendered.split()]
+
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        return [f"t{t}" for t in token_ids]
+
+    def info(self) -> EngineInfo:
+        return _info(self.model_name)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=self.running, waiting=0, total_blocks=1024, free_blocks=1024)
+
+    async def shutdown(self) -> None:
+        for event in self._aborts.values():
+            event.set()
+
+
+
+
+def _check_vocabulary(prompt: TextPrompt | ChatPrompt | TokenPrompt) -> None:
+    ids = prompt.token_ids if isinstance(prompt, TokenPrompt) else ()
+    if ids and (min(ids) < 0 or max(ids) >= VOCAB):
+        raise InvalidRequest(f"Token ids are out of vocabulary (valid ids are 0 to {VOCAB - 1}).")
+
+
+class _Tokens:
+    """The words one choice produces, and where a stop string ends it."""
+
+    def __init__(
+        self,
+        request: GenerationRequest,
+        words: tuple[str, ...],
+        word_ids: tuple[int, ...],
+        choice: int,
+        adapter: AdapterHandle | None,
+    ) -> None:
+        self.choice = choice
+        self.limit = request.sampling.max_new_tokens or 16
+        self.logprobs = request.output.logprobs
+        self._stops = request.sampling.stop
+        self._words = words
+        self._ids = word_ids
+        self._first = f"[{adapter.name}]" if adapter else None
+        self._text = ""
+
+    def next(self, i: int) -> tuple[str, int, str | None]:
+        """Token i's text and id, and the stop string it completes (the choice then ends
+        without it)."""
+        if i == 0 and self._first is not None:
+            word, tid = self._first, token_id(self._first)
+        else:
+            index = (i + self.choice) % len(self._words)
+            word, tid = self._words[index], self._ids[index]
+        piece = word + " "
+        if not self._stops:
+            return piece, tid, None
+        stop = next((s for s in self._stops if s in self._text + piece), None)
+        if stop is None:
+            self._text += piece
+        return piece, tid, stop
+
+    def whole(self, clock: _TokenClock) -> Delta:
+        """Every token at once (computed once per distinct request: the engine is
+        deterministic)."""
+        delta = _whole_choice(
+            self._words, self._ids, self.choice, self._first, self.limit, self._stops,
+            self.logprobs is not None,
+        )
+        if delta.token_ids:
+            clock.tick()
+        return delta
+
+
+@functools.lru_cache(maxsize=4096)
+def _whole_choice(  # noqa: PLR0913 - everything a choice depends on, as the cache key
+    words: tuple[str, ...],
+    ids: tuple[int, ...],
+    choice: int,
+    first: str | None,
+    limit: int,
+    stops: tuple[str, ...],
+    logprobs: bool,
+) -> Delta:
+    pieces: list[str] = []
+    token_ids: list[int] = []
+    finish, matched, text = FinishReason.LENGTH, None, ""
+    for i in range(limit):
+        if i == 0 and first is not None:
+            word, tid = first, token_id(first)
+        else:
+            word, tid = words[(i + choice) % len(words)], ids[(i + choice) % len(words)]
+        piece = word + " "
+        stop = next((s for s in stops if s in text + piece), None) if stops else None
+        if stop is not None:
+            finish, matched = FinishReason.STOP, stop
+            break
+        text += piece
+        pieces.append(piece)
+        token_ids.append(tid)
+    top = () if not logprobs else tuple(
+        TokenLogprob(token_id=t, token=p, logprob=-0.5)
+        for t, p in zip(token_ids, pieces, strict=True)
+    )
+    return Delta(
+        choice=choice, text=text, token_ids=tuple(token_ids), logprobs=top, finish=finish,
+        matched_stop=matched,
+    )
+
+
+class _TokenClock:
+    """When the first and the last token of a request were produced."""
+
+    def __init__(self) -> None:
+        self._start = time.monotonic()
+        self._first: float | None = None
+        self._last = 0.0
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self._first is None:
+            self._first = now
+        self._last = now
+
+    def timing(self) -> TokenTiming | None:
+        if self._first is None:
+            return None
+        return TokenTiming(
+            first_token_s=self._first - self._start, decode_s=self._last - self._first
+        )
+
+
+@functools.lru_cache(maxsize=65536)
+def _delta(
+    choice: int, piece: str, tid: int, logprobs: bool, finish: FinishReason | None
+) -> Delta:
+    """One token's delta (immutable, so the same token's delta is built once)."""
+    lp = (TokenLogprob(token_id=tid, token=piece, logprob=-0.5),) if logprobs else ()
+    return Delta(choice=choice, text=piece, token_ids=(tid,), logprobs=lp, finish=finish)
+
+
+class _Turn:
+    """`await _NEXT_TURN` lets the event loop run once (what `asyncio.sleep(0)` does, without
+    building a coroutine per token)."""
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield
+
+
+_NEXT_TURN = _Turn()
+
+
+def _joined(deltas: list[Delta]) -> Delta:
+    """A choice's deltas as one (final-only output)."""
+    last = deltas[-1]
+    return Delta(
+        choice=last.choice,
+        text="".join(d.text for d in deltas),
+        token_ids=tuple(t for d in deltas for t in d.token_ids),
+        logprobs=tuple(lp for d in deltas for lp in d.logprobs),
+        finish=last.finish,
+        matched_stop=last.matched_stop,
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _info(model_name: str) -> EngineInfo:
+    return EngineInfo(
+        model_name=model_name,
+        model_path=f"/models/{model_name}",
+        max_model_len=512,
+        vocab_size=VOCAB,
+        dtype="float32",
+        version="fake",
+        max_lora_rank=8,
+        max_loras=2,
+        max_cpu_loras=4,
+        max_num_seqs=32,
+        block_size=16,
+        eos_token_id=2,
+    )
