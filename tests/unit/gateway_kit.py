@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
+from starlette.responses import PlainTextResponse
+from starlette.types import Scope
 
-from server.engine.fake import FakeEngine, FakeScript
-from server.gateway import Gateway, build_gateway, listener_app
+from server.engines.fake import FakeEngine, FakeScript
+from server.gateway import Gateway, build_gateway
+from server.http.app import Fallback, ListenerApp
+from server.http.auth import Keyring
+from server.http.router import Router
+from server.http.routes import Access, Route
 from server.settings import settings_from_config
 from tests.serverproc import merge
+from tests.unit.demo_kit import unit_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +28,7 @@ def make_gateway(
 ) -> Gateway:
     config: dict[str, Any] = {
         "engine": "fake",
-        "ModelConfig": {"modelName": "tiny", "modelWeightPath": "build/demo/model"},
+        "ModelConfig": {"modelName": "tiny", "modelWeightPath": str(unit_demo() / "model")},
         "LoraConfig": {"adapterDir": None},
         "LimitsConfig": {"maxConcurrentRequests": 4, "maxQueue": 2, "drainTimeout": 5},
     }
@@ -32,5 +40,29 @@ def make_gateway(
 
 
 def client(gateway: Gateway, *roles: str) -> httpx.AsyncClient:
-    app = listener_app(gateway, roles or ("management",))
+    app = gateway.app(roles or ("management",))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
+
+
+class _NoMetrics:
+    def response(
+        self, scope: Scope, owner: str, endpoint: str, status: int, seconds: float
+    ) -> None:
+        pass
+
+
+def routes_app(routes: Sequence[Route], *, max_body_bytes: int = 1 << 20) -> ListenerApp:
+    """A data listener app serving just `routes` (one protocol's, in its translator tests)."""
+    return ListenerApp(
+        Router(routes, max_body_bytes=max_body_bytes),
+        Fallback(
+            render=routes[0].render,
+            access=Access.DATA,
+            not_found=lambda scope: PlainTextResponse("Not Found", 404),
+            method_not_allowed=lambda allowed: PlainTextResponse("Method Not Allowed", 405),
+        ),
+        max_body_bytes=max_body_bytes,
+        keyring=Keyring(),
+        observer=_NoMetrics(),
+        closing=lambda: False,
+    )

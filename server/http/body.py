@@ -1,4 +1,4 @@
-"""Request bodies: bounded reading, JSON parsing and wire-model validation, JSON responses."""
+"""Request bodies (bounded reading, JSON, wire-model validation) and JSON responses."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
-from protocols._common import jsonio
 from server.core.errors import (
     GatewayError,
     InvalidRequest,
@@ -18,37 +17,45 @@ from server.core.errors import (
     ServiceUnavailable,
     UnsupportedMediaType,
 )
+from server.http import jsonio
+from server.http.context import BODY_ERROR_KEY, BODY_KEY, CLIENT_ID_KEY, MAX_REQUEST_ID
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 JSON_TYPE = "application/json"
-BODY_KEY = "gateway.body"  # set when a dispatcher already read the body
-BODY_ERROR_KEY = "gateway.body_error"
-ADMIN_KEY = "gateway.admin"  # set by the auth middleware; absent when no keys are configured
+
+
+def too_large(max_bytes: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"Request body is larger than the limit of {max_bytes} bytes")
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
     """Read the whole body, refusing more than `max_bytes` (chunked bodies included)."""
-    if BODY_ERROR_KEY in request.scope:
-        raise request.scope[BODY_ERROR_KEY]
-    if BODY_KEY in request.scope:
-        cached: bytes = request.scope[BODY_KEY]
+    scope = request.scope
+    if BODY_KEY in scope:
+        cached: bytes = scope[BODY_KEY]
         return cached
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise PayloadTooLarge(f"Request body is larger than the limit of {max_bytes} bytes")
+    if BODY_ERROR_KEY in scope:
+        raise scope[BODY_ERROR_KEY]
+    # (a declared Content-Length beyond the limit was refused by the listener app already)
     chunks: list[bytes] = []
     size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_bytes:
-                raise PayloadTooLarge(f"Request body is larger than the limit of {max_bytes} bytes")
-            chunks.append(chunk)
-    except ClientDisconnect:
-        # gone mid-body (or cut off by the receive deadline): nobody reads the answer, and a
-        # traceback per dropped slow client would flood the log
-        raise InvalidRequest("The client disconnected before the request body arrived") from None
-    return b"".join(chunks)
+    receive = request.receive
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            # gone mid-body (or cut off by the receive deadline): nobody reads the answer, and
+            # a traceback per dropped slow client would flood the log
+            raise InvalidRequest("The client disconnected before the request body arrived")
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large(max_bytes)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    scope[BODY_KEY] = body
+    return body
 
 
 async def read_json(request: Request, max_bytes: int, *, strict_content_type: bool = False) -> Any:
@@ -89,15 +96,41 @@ def to_invalid_request(exc: ValidationError) -> InvalidRequest:
     return InvalidRequest(message, param=param)
 
 
+class JsonResponse(Response):
+    """A JSON answer built without Starlette's header machinery (every answer pays it)."""
+
+    media_type = JSON_TYPE
+
+    def __init__(
+        self, body: bytes, status_code: int = 200, headers: Mapping[str, str] | None = None
+    ) -> None:
+        self.status_code = status_code
+        self.body = body
+        self.background = None
+        self.raw_headers = [(b"content-length", str(len(body)).encode()), _JSON_HEADER]
+        if headers:
+            self.raw_headers += [
+                (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
+            ]
+
+
+_JSON_HEADER = (b"content-type", JSON_TYPE.encode())
+
+
 def json_response(
     content: Any, status_code: int = 200, headers: Mapping[str, str] | None = None
 ) -> Response:
-    return Response(jsonio.dumps(content), status_code, headers, media_type=JSON_TYPE)
+    return JsonResponse(jsonio.dumps(content), status_code, headers)
 
 
 def request_id_header(request: Request) -> str | None:
+    """The client's `X-Request-Id`, if it gave a usable one (the listener app then serves the
+    request under it); None otherwise."""
+    if CLIENT_ID_KEY in request.scope:
+        given: str = request.scope[CLIENT_ID_KEY]
+        return given
     value = request.headers.get("x-request-id")
-    return value if value and len(value) <= 256 else None
+    return value if value and len(value) <= MAX_REQUEST_ID else None
 
 
 def retry_headers(exc: GatewayError) -> dict[str, str] | None:

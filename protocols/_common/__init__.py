@@ -1,1 +1,0 @@
-"""Helpers shared by every protocol: JSON codec, body parsing, streaming responses."""

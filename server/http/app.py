@@ -1,0 +1,186 @@
+"""The listener app: the gateway's one pure-ASGI layer and its router, built once per listener.
+
+Per request, in this order: resolve the route (once; its access class and error shape travel
+with it), take the request id (`X-Request-Id` or a new one, echoed on the answer and set for the
+logs), refuse a declared body over the limit (413), check credentials (401), count the bytes of a
+chunked body, run the endpoint (a domain error becomes the route's error answer), add
+`Connection: close` while the server is not ready (so keep-alive clients move on during a drain),
+send, and report the answer to the observer (HTTP metrics, access log).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from starlette.datastructures import URL
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.types import Message, Receive, Scope, Send
+
+from server.core.errors import Unauthorized
+from server.http.auth import Keyring, bearer_token
+from server.http.body import too_large
+from server.http.context import (
+    ADMIN_KEY,
+    CLIENT_ID_KEY,
+    MAX_REQUEST_ID,
+    OWNER_KEY,
+    new_request_id,
+    request_id_var,
+)
+from server.http.router import Resolution, Router, guarded
+from server.http.routes import Access, Answer, Render
+
+UNMATCHED = "unmatched"  # the endpoint label of a request no route matched
+OTHER = "other"  # the protocol label of such a request
+
+
+class HttpObserver(Protocol):
+    def response(
+        self, scope: Scope, owner: str, endpoint: str, status: int, seconds: float
+    ) -> None:
+        """One answered request: its protocol, route template, status and duration."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fallback:
+    """How a listener answers what no route serves."""
+
+    render: Render  # errors (401, 413) on paths no route matches
+    access: Access  # who may learn that a path does not exist
+    not_found: Callable[[Scope], Response]
+    method_not_allowed: Callable[[tuple[str, ...]], Response]
+
+
+class ListenerApp:
+    def __init__(
+        self,
+        router: Router,
+        fallback: Fallback,
+        *,
+        max_body_bytes: int,
+        keyring: Keyring,
+        observer: HttpObserver,
+        closing: Callable[[], bool],
+    ) -> None:
+        self._router = router
+        self._fallback = fallback
+        self._max_body = max_body_bytes
+        self._keyring = keyring
+        self._observer = observer
+        self._closing = closing
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return  # uvicorn runs with lifespan off and no WebSocket support
+        started = time.perf_counter()
+        request_id = authorization = length = None
+        for name, value in scope["headers"]:  # uvicorn lower-cases header names
+            if name == b"x-request-id" and request_id is None:
+                request_id = value
+            elif name == b"authorization" and authorization is None:
+                authorization = value
+            elif name == b"content-length":
+                length = value
+        rid = request_id.decode("latin-1") if request_id else ""
+        if rid and len(rid) <= MAX_REQUEST_ID:
+            scope[CLIENT_ID_KEY] = rid
+        else:
+            rid = new_request_id()
+        token = request_id_var.set(rid)
+        resolution = self._router.resolve(scope["method"], scope["path"])
+        try:
+            answer = await self._answer(scope, receive, resolution, authorization, length)
+            self._finish_headers(answer, rid)
+            try:
+                await answer(scope, receive, send)
+            finally:
+                self._report(scope, resolution, answer.status_code, started)
+        finally:
+            request_id_var.reset(token)
+
+    async def _answer(
+        self,
+        scope: Scope,
+        receive: Receive,
+        resolution: Resolution,
+        authorization: bytes | None,
+        length: bytes | None,
+    ) -> Answer:
+        entry = resolution.entry
+        render = entry.render if entry else self._fallback.render
+        access = entry.access if entry else self._fallback.access
+        if self._keyring.configured:
+            refusal = self._authorize(scope, access, render, authorization)
+            if refusal is not None:
+                return refusal
+        if length is not None:
+            if length.isdigit() and int(length) > self._max_body:
+                return render(too_large(self._max_body))
+        else:
+            receive = _counted(receive, self._max_body)
+        if entry is None or resolution.allowed:
+            return self._unserved(scope, resolution)
+        scope["path_params"] = resolution.params
+        return await guarded(entry.endpoint, render, Request(scope, receive))
+
+    def _authorize(
+        self, scope: Scope, access: Access, render: Render, authorization: bytes | None
+    ) -> Answer | None:
+        token = bearer_token(authorization)
+        keyring = self._keyring
+        if keyring.allows(access, token):
+            scope[ADMIN_KEY] = keyring.allows(Access.ADMIN, token)
+            return None
+        what = "An admin key" if access is Access.ADMIN else "An API key"
+        problem = "was not accepted" if token else "is required"
+        response = render(Unauthorized(f"{what} {problem} for this route."))
+        challenge = b'Bearer error="invalid_token"' if token else b"Bearer"
+        response.raw_headers.append((b"www-authenticate", challenge))
+        return response
+
+    def _unserved(self, scope: Scope, resolution: Resolution) -> Answer:
+        """405 for a known path, a redirect for a path known with(out) a trailing slash, 404."""
+        if resolution.allowed:
+            return self._fallback.method_not_allowed(resolution.allowed)
+        path: str = scope["path"]
+        if path != "/":
+            other = path.rstrip("/") if path.endswith("/") else path + "/"
+            if self._router.knows(other):
+                return RedirectResponse(url=str(URL(scope={**scope, "path": other})))
+        return self._fallback.not_found(scope)
+
+    def _finish_headers(self, answer: Answer, request_id: str) -> None:
+        headers = answer.raw_headers
+        if all(name != b"x-request-id" for name, _ in headers):
+            headers.append((b"x-request-id", request_id.encode("latin-1")))
+        if self._closing():
+            headers[:] = [(k, v) for k, v in headers if k != b"connection"]
+            headers.append((b"connection", b"close"))
+
+    def _report(self, scope: Scope, resolution: Resolution, status: int, started: float) -> None:
+        entry = resolution.entry
+        if entry is None:
+            owner, endpoint = OTHER, UNMATCHED
+        else:
+            owner, endpoint = scope.get(OWNER_KEY) or entry.owner, entry.template
+        self._observer.response(scope, owner, endpoint, status, time.perf_counter() - started)
+
+
+def _counted(receive: Receive, max_bytes: int) -> Receive:
+    """`receive` that raises PayloadTooLarge once a chunked body passes `max_bytes`."""
+    received = 0
+
+    async def counted() -> Message:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > max_bytes:
+                raise too_large(max_bytes)
+        return message
+
+    return counted

@@ -1,0 +1,58 @@
+"""What every protocol's routes are built from (the service, request bounds), and the
+per-request context the listener app keeps (request id, scope keys)."""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import secrets
+from dataclasses import dataclass, field
+
+from server.core.service import InferenceService
+
+request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+MAX_REQUEST_ID = 256  # a longer X-Request-Id is replaced, not echoed
+_PREFIX = secrets.token_hex(8)
+_COUNTER = itertools.count(1)
+
+
+def new_request_id() -> str:
+    """32 hex digits, unique in this process and unguessable across processes (a uuid4 costs
+    more than the rest of the request's bookkeeping)."""
+    return f"{_PREFIX}{next(_COUNTER):016x}"
+
+
+def current_request_id() -> str:
+    """The id of the request being served: the client's `X-Request-Id`, or a new one."""
+    return request_id_var.get()
+
+# Keys the listener app and the protocols share in the ASGI scope.
+BODY_KEY = "gateway.body"  # set when a shared path's dispatcher already read the body
+BODY_ERROR_KEY = "gateway.body_error"  # the error reading it raised, for the route to report
+ADMIN_KEY = "gateway.admin"  # whether the caller holds an admin key; absent without keys
+OWNER_KEY = "gateway.owner"  # the protocol a shared path's dispatcher chose, for the metrics
+CLIENT_ID_KEY = "gateway.client_id"  # the client's usable X-Request-Id, when it sent one
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestBounds:
+    """Caps applied before the engine sees a request (CVE-2026-34756 class: unbounded n)."""
+
+    max_n: int = 16
+    max_best_of: int = 16
+    max_stop_sequences: int = 16
+    max_stop_length: int = 1024
+    max_logprobs: int = 20
+    max_top_n_tokens: int = 5
+    max_new_tokens: int | None = None  # None: the context length is the cap
+    max_prompts: int = 64  # prompts in one request (lists of prompts, DJL batches)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProtocolContext:
+    service: InferenceService
+    max_body_bytes: int = 40 * 1024 * 1024
+    bounds: RequestBounds = field(default_factory=RequestBounds)
+    server_version: str = "0.1.0"
+    created: int = 0  # server start, seconds since the epoch
+    allow_runtime_lora: bool = True

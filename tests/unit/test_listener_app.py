@@ -1,0 +1,186 @@
+"""The listener app (server/http/app.py, router.py): routing decided once from the specs, and
+the one ASGI layer around it (request id, drain, body limit, credentials, metrics)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+
+from server.core.errors import GatewayError
+from server.http.router import RouteClash, Router, has_key
+from server.http.routes import Access, Answer, Route
+from tests.unit.gateway_kit import client, make_gateway
+
+pytestmark = pytest.mark.anyio
+KEYS = {"SecurityConfig": {"apiKeys": ["sk-api"], "adminKeys": ["sk-admin"]}}
+
+
+def said(text: str) -> Any:
+    async def endpoint(request: Request) -> Answer:
+        return PlainTextResponse(text)
+
+    return endpoint
+
+
+def render(exc: GatewayError) -> Response:
+    return PlainTextResponse(exc.message, 400)
+
+
+def route(owner: str, path: str = "/x", **options: Any) -> Route:
+    return Route(method="POST", path=path, endpoint=said(owner), owner=owner, render=render,
+                 **options)
+
+
+# ---- routing decided once -------------------------------------------------------------------
+def test_one_path_claimed_twice_fails_at_build_naming_both_owners() -> None:
+    with pytest.raises(RouteClash, match="POST /x is claimed by a, b"):
+        Router([route("a"), route("b")], max_body_bytes=1024)
+
+
+def test_parameter_names_do_not_hide_a_clash() -> None:
+    with pytest.raises(RouteClash):
+        Router([route("a", "/m/{model}"), route("b", "/m/{name}")], max_body_bytes=1024)
+
+
+def test_an_override_settles_a_shared_path() -> None:
+    router = Router([route("a"), route("b", overrides=frozenset({"a"}))], max_body_bytes=1024)
+    entry = router.resolve("POST", "/x").entry
+    assert entry is not None and entry.owner == "b"
+
+
+async def test_body_claims_dispatch_a_shared_path() -> None:
+    gateway = make_gateway()
+    async with client(gateway, "data") as http:
+        mindie = await http.post("/generate", json={"prompt": "a b", "max_tokens": 2})
+        tgi = await http.post("/generate", json={"inputs": "a b",
+                                                 "parameters": {"max_new_tokens": 2}})
+        broken = await http.post("/generate", content=b"{nope")
+    assert set(mindie.json()) == {"text"}  # MindIE's vLLM flavour
+    assert "generated_text" in tgi.json()
+    assert broken.status_code == 422 and broken.json()["error_type"] == "validation"  # TGI's
+    counts = gateway.metrics.http_requests
+    assert counts.labels("mindie", "/generate", "200").value == 1
+    assert counts.labels("tgi", "/generate", "200").value == 1
+
+
+def test_every_listener_of_the_real_registry_builds_without_clashes() -> None:
+    gateway = make_gateway()
+    for roles in (("data",), ("management",), ("metrics",), ("data", "management", "metrics")):
+        gateway.app(roles)
+
+
+# ---- answers for what no route serves ---------------------------------------------------------
+async def test_unknown_path_and_method_on_the_data_listener_are_plain_404_and_405() -> None:
+    async with client(make_gateway(), "data") as http:
+        missing = await http.get("/nope")
+        wrong = await http.get("/v1/completions")
+        head = await http.head("/v1/models")
+        slash = await http.post("/v1/completions/", json={})
+    assert (missing.status_code, missing.text) == (404, "Not Found")
+    assert (wrong.status_code, wrong.text) == (405, "Method Not Allowed")
+    assert wrong.headers["allow"] == "POST"
+    assert head.status_code == 200 and head.content == b""
+    assert slash.status_code == 307
+    assert slash.headers["location"].endswith("/v1/completions")
+
+
+async def test_unknown_path_on_the_management_listener_is_mindies_404() -> None:
+    async with client(make_gateway(), "management") as http:
+        missing = await http.get("/nope")
+        wrong = await http.post("/v1/status")
+    assert missing.status_code == 404
+    assert missing.json()["error"] == "No route /nope on the management listener."
+    assert wrong.status_code == 405 and wrong.json()["error_type"] == "Method Not Allowed"
+
+
+# ---- the ASGI layer -----------------------------------------------------------------------------
+async def test_request_id_is_echoed_or_made() -> None:
+    async with client(make_gateway(), "data") as http:
+        given = await http.get("/v1/models", headers={"x-request-id": "abc-1"})
+        made = await http.get("/v1/models")
+    assert given.headers["x-request-id"] == "abc-1"
+    assert len(made.headers["x-request-id"]) == 32
+
+
+async def test_every_answer_says_connection_close_while_draining() -> None:
+    gateway = make_gateway()
+    async with client(gateway, "data") as http:
+        assert "connection" not in (await http.get("/v1/models")).headers
+        gateway.shutdown.request()
+        assert (await http.get("/v1/models")).headers["connection"] == "close"
+
+
+@pytest.mark.parametrize(
+    ("path", "shape"),
+    [("/v1/completions", "error"), ("/generate_stream", "error_type"), ("/infer", "error_type")],
+)
+async def test_a_declared_body_over_the_limit_is_413_in_the_routes_shape(
+    path: str, shape: str
+) -> None:
+    gateway = make_gateway(overrides={"ServerConfig": {"maxRequestLength": 1}})
+    async with client(gateway, "data") as http:
+        response = await http.post(path, content=b"x" * (1024 * 1024 + 1))
+    assert response.status_code == 413 and shape in response.json()
+
+
+async def test_a_chunked_body_over_the_limit_is_413() -> None:
+    gateway = make_gateway(overrides={"ServerConfig": {"maxRequestLength": 1}})
+
+    async def chunks() -> Any:
+        for _ in range(3):
+            yield b"x" * (512 * 1024)
+
+    async with client(gateway, "data") as http:
+        response = await http.post(
+            "/v1/completions", content=chunks(), headers={"content-type": "application/json"}
+        )
+    assert response.status_code == 413
+
+
+# ---- credentials --------------------------------------------------------------------------------
+async def test_without_a_key_inference_is_401_in_its_protocols_envelope() -> None:
+    async with client(make_gateway(overrides=KEYS), "data") as http:
+        openai = await http.post("/v1/completions", json={"prompt": "a"})
+        tgi = await http.post("/generate_stream", json={"inputs": "a"})
+        unknown = await http.get("/nope")
+    assert openai.status_code == tgi.status_code == unknown.status_code == 401
+    assert openai.headers["www-authenticate"] == "Bearer"
+    assert openai.json()["error"]["type"] == "AuthenticationError"
+    assert tgi.json()["error_type"] == "authentication"
+
+
+async def test_keys_open_their_own_class_of_route() -> None:
+    api, admin = {"authorization": "Bearer sk-api"}, {"authorization": "Bearer sk-admin"}
+    wrong = {"authorization": "Bearer sk-ap"}
+    async with client(make_gateway(overrides=KEYS), "data") as http:
+        assert (await http.get("/v1/models", headers=api)).status_code == 200
+        assert (await http.get("/v1/models", headers=admin)).status_code == 200
+        refused = await http.get("/v1/models", headers=wrong)
+        assert refused.status_code == 401
+        assert refused.headers["www-authenticate"] == 'Bearer error="invalid_token"'
+        lora = {"lora_name": "x"}
+        assert (await http.post("/v1/unload_lora_adapter", json=lora, headers=api)
+                ).status_code == 401
+        assert (await http.post("/v1/unload_lora_adapter", json=lora, headers=admin)
+                ).status_code == 404
+        assert (await http.get("/health")).status_code == 200  # open: no key
+        assert (await http.get("/nope", headers=api)).status_code == 404
+    async with client(make_gateway(overrides=KEYS), "metrics") as http:
+        assert (await http.get("/metrics")).status_code == 401
+        assert (await http.get("/metrics", headers=api)).status_code == 200
+
+
+def test_route_access_classes_are_declared_not_guessed() -> None:
+    routes = {(r.method, r.path, frozenset(r.listeners)): r.access for r in make_gateway().routes}
+    assert routes[("GET", "/health", frozenset({"data"}))] is Access.OPEN
+    assert routes[("GET", "/health", frozenset({"management"}))] is Access.OPEN
+    assert routes[("GET", "/stopService", frozenset({"management"}))] is Access.ADMIN
+    assert routes[("POST", "/v1/completions", frozenset({"data"}))] is Access.DATA
+
+
+def test_has_key_claims_only_objects_with_a_non_null_key() -> None:
+    claim = has_key("prompt")
+    assert claim({"prompt": "x"}) and not claim({"prompt": None}) and not claim(["prompt"])
