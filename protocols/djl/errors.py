@@ -15,8 +15,6 @@ from typing import Any
 
 from starlette.responses import Response
 
-from protocols._common import jsonio
-from protocols._common.http import retry_headers
 from protocols.djl.translate import djl_json, error_body
 from server.core.errors import (
     AdapterCapacity,
@@ -32,6 +30,8 @@ from server.core.errors import (
     ServiceUnavailable,
     Unauthorized,
 )
+from server.http import jsonio
+from server.http.body import retry_headers
 
 JSON = "application/json"
 

@@ -17,22 +17,13 @@ serves vLLM's SageMaker `POST /adapters` and `DELETE /adapters/{name}`:
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar, cast
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
-from starlette.routing import BaseRoute, Route
 
-from protocols._common import jsonio
-from protocols._common.context import ProtocolContext
-from protocols._common.disconnect import while_connected
-from protocols._common.guard import Endpoint, guarded
-from protocols._common.http import decode_json, parse_model, read_body, request_id_header
-from protocols._common.lookahead import with_ends
-from protocols._common.streaming import StreamResponse
-from protocols.djl import errors, translate
+from protocols.djl import errors, schema, translate
 from protocols.djl.schema import LmiRequest
 from server.core.adapters import AdapterRecord, AdapterRegistry
 from server.core.errors import (
@@ -43,9 +34,24 @@ from server.core.errors import (
     ModelNotFound,
 )
 from server.core.lifecycle import State
-from server.core.service import EventStream
-from server.core.types import ChoiceEnd, Delta
+from server.core.types import Delta, GenerationEvent
+from server.http import jsonio
+from server.http.body import decode_json, parse_model, read_body, request_id_header
+from server.http.context import ProtocolContext, current_request_id
+from server.http.disconnect import until_disconnect
+from server.http.routes import (
+    DATA,
+    MANAGEMENT,
+    Access,
+    Answer,
+    Doc,
+    Endpoint,
+    Route,
+    RouteList,
+)
+from server.http.streaming import EventStreamAnswer
 
+NAME = "djl"
 JSONLINES = "application/jsonlines"
 ALIAS_HEADER = "x-amzn-sagemaker-adapter-alias"
 ALL_METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH"]
@@ -55,20 +61,25 @@ _PING_TIMEOUT_S = 5.0
 # ---- data plane ------------------------------------------------------------------------------
 
 
-def data_routes(ctx: ProtocolContext) -> list[BaseRoute]:
+def routes(ctx: ProtocolContext) -> list[Route]:
+    out = RouteList(owner=NAME, render=errors.render)
+    health = ping(ctx)
+    out.get("/ping", health, access=Access.OPEN, doc=Doc(summary="Health (open)"))
+    out.post("/ping", health, access=Access.OPEN, doc=Doc(summary="Health (open)"))
     predict = predictions(ctx)
-    return [
-        Route("/ping", ping(ctx), methods=["GET", "POST"]),
-        Route("/predictions/{model}", predict, methods=["POST"]),
-        Route("/predictions/{model}/{version}", predict, methods=["POST"]),
-    ]
+    for path in ("/predictions/{model}", "/predictions/{model}/{version}"):
+        out.post(path, predict, doc=Doc(summary="LMI inference", body=LmiRequest,
+                                        query=("adapter",), streams=True))
+    out.post("/invocations", invocations(ctx),
+             doc=Doc(summary="SageMaker: LMI (`inputs`)", body=LmiRequest, streams=True))
+    return out.routes + management_routes(ctx)
 
 
 def ping(ctx: ProtocolContext) -> Endpoint:
     """DJL's worker status `{"<model>": {"status": "Healthy"}}`: 200 when serving, 503 while
     starting or draining, 500 when the engine failed (DJL's `hasFailure`)."""
 
-    async def endpoint(request: Request) -> Response:
+    async def endpoint(request: Request) -> Answer:
         status, state = await _health(ctx)
         names = [ctx.service.served_name, *ctx.service.adapters.aliases()]
         return _djl_response({name: {"status": state} for name in names}, status)
@@ -83,15 +94,14 @@ async def _health(ctx: ProtocolContext) -> tuple[int, str]:
     if not lifecycle.accepting:
         return 503, "Unhealthy"
     try:
-        await asyncio.wait_for(ctx.service.engine.check_health(), _PING_TIMEOUT_S)
+        await asyncio.wait_for(ctx.service.check_health(), _PING_TIMEOUT_S)
     except (GatewayError, TimeoutError):
         return 500, "FAILED"
     return 200, "Healthy"
 
 
 def predictions(ctx: ProtocolContext) -> Endpoint:
-    @guarded(errors.render)
-    async def endpoint(request: Request) -> Response:
+    async def endpoint(request: Request) -> Answer:
         return await _infer(ctx, request, _target(ctx, request.path_params["model"]))
 
     return endpoint
@@ -100,8 +110,7 @@ def predictions(ctx: ProtocolContext) -> Endpoint:
 def invocations(ctx: ProtocolContext) -> Endpoint:
     """SageMaker `/invocations` with an LMI body; `?model_name=` may name a workflow."""
 
-    @guarded(errors.render)
-    async def endpoint(request: Request) -> Response:
+    async def endpoint(request: Request) -> Answer:
         model = request.query_params.get("model_name")
         return await _infer(ctx, request, _target(ctx, model) if model else None)
 
@@ -133,30 +142,29 @@ async def _registered(work: Awaitable[T]) -> T:
         ) from None
 
 
-async def _infer(ctx: ProtocolContext, request: Request, workflow: str | None) -> Response:
+async def _infer(ctx: ProtocolContext, request: Request, workflow: str | None) -> Answer:
     body = parse_model(LmiRequest, decode_json(await read_body(request, ctx.max_body_bytes)))
     texts = translate.input_texts(body, ctx.bounds)
     models = [workflow] * len(texts) if workflow else _adapters(ctx, request, body, len(texts))
     plan = translate.to_plan(
         body,
-        request_id=request_id_header(request) or uuid.uuid4().hex,
+        request_id=request_id_header(request) or current_request_id(),
         models=models,
         bounds=ctx.bounds,
     )
-    if plan.stream:
-        stream = await _registered(ctx.service.start(plan.requests[0]))
-        lines = _lines(stream, translate.StreamEncoder(plan))
-        return cast(Response, StreamResponse(lines, media_type=JSONLINES))
     service = ctx.service
+    if plan.stream:
+        stream = await _registered(service.start(plan.requests[0]))
+        return EventStreamAnswer(stream, _Lines(plan), media_type=JSONLINES)
     work = (
         service.generate(plan.requests[0])
         if len(plan.requests) == 1
         else service.generate_batch(plan.requests)
     )
-    result = await _registered(while_connected(request, work))
+    result = await _registered(until_disconnect(request, work))
     texts_of_prompt: list[str] = []
     if plan.prefill:
-        texts_of_prompt = ctx.service.engine.token_texts(list(result.prompt.prompt_token_ids))
+        texts_of_prompt = service.token_texts(list(result.prompt.prompt_token_ids))
     return Response(
         jsonio.dumps(translate.to_response(result, plan, texts_of_prompt)),
         media_type=errors.JSON,
@@ -179,42 +187,58 @@ def _adapters(ctx: ProtocolContext, request: Request, body: LmiRequest, count: i
     return names
 
 
-async def _lines(stream: EventStream, encoder: translate.StreamEncoder) -> AsyncIterator[bytes]:
-    try:
-        async for item in with_ends(stream):
-            if isinstance(item, tuple):
-                yield b"".join(encoder.lines(*item))
-            elif isinstance(item, Delta):
-                yield b"".join(encoder.lines(item, None))
-            elif isinstance(item, ChoiceEnd):
-                yield encoder.end_only(item)
-    except GatewayError as exc:
+class _Lines:
+    """LMI's stream: one JSON line per token; an error as LMI's error line."""
+
+    def __init__(self, plan: translate.Plan) -> None:
+        self._encoder = translate.StreamEncoder(plan)
+
+    def encode(self, event: GenerationEvent) -> bytes:
+        if isinstance(event, Delta):
+            return b"".join(self._encoder.lines(event))
+        return b""
+
+    def error(self, exc: GatewayError) -> bytes:
         status, _ = errors.inference_error(exc)
-        yield encoder.error(exc.message, status)
-    finally:
-        await stream.aclose()
+        return self._encoder.error(exc.message, status)
+
+    def end(self) -> bytes:
+        return b""
 
 
 # ---- management plane: adapters ----------------------------------------------------------------
 
 
-def management_routes(ctx: ProtocolContext) -> list[BaseRoute]:
+def management_routes(ctx: ProtocolContext) -> list[Route]:
+    """DJL's adapter API, with and without the model prefix; on the data listener too, where
+    DJL and SageMaker clients call it. Every method reaches the endpoint (DJL answers its own
+    405)."""
+    out = RouteList(
+        owner=NAME, render=errors.render_management, access=Access.ADMIN,
+        listeners=frozenset({DATA, MANAGEMENT}),
+    )
     collection, item, update = adapters(ctx), adapter(ctx), adapter_update(ctx)
-    routes: list[BaseRoute] = []
+    form = ("name", "src", "preload", "pin")
+    docs: dict[tuple[str, str], Doc] = {
+        ("GET", ""): Doc(summary="List adapters", query=("limit", "next_page_token")),
+        ("POST", ""): Doc(summary="Register an adapter", body=schema.AdapterForm, query=form),
+        ("GET", "/{name}"): Doc(summary="Describe an adapter"),
+        ("DELETE", "/{name}"): Doc(summary="Unregister an adapter"),
+        ("POST", "/{name}/update"): Doc(summary="Update an adapter", body=schema.AdapterForm,
+                                        query=("src", "preload", "pin")),
+    }
     for prefix in ("/models/{model}", ""):
-        routes += [
-            Route(f"{prefix}/adapters", collection, methods=ALL_METHODS),
-            Route(f"{prefix}/adapters/{{name}}", item, methods=ALL_METHODS),
-            Route(f"{prefix}/adapters/{{name}}/update", update, methods=ALL_METHODS),
-        ]
-    return routes
+        for suffix, endpoint in (("", collection), ("/{name}", item), ("/{name}/update", update)):
+            for method in ALL_METHODS:
+                path = f"{prefix}/adapters{suffix}"
+                out.add(method, path, endpoint, doc=docs.get((method, suffix)))
+    return out.routes
 
 
 def _methods(**handlers: Callable[[Request], Any]) -> Endpoint:
     """One endpoint for a path; other methods get DJL's 405."""
 
-    @guarded(errors.render_management)
-    async def endpoint(request: Request) -> Response:
+    async def endpoint(request: Request) -> Answer:
         handler = handlers.get(request.method.lower())
         if handler is None:
             raise errors.MethodNotAllowed()

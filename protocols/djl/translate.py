@@ -13,15 +13,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocols._common import jsonio
-from protocols._common.context import RequestBounds
-from protocols._common.http import parse_model
 from protocols.djl.schema import AdapterForm, LmiParameters, LmiRequest
 from server.core.adapters import AdapterRecord
 from server.core.errors import InvalidRequest
 from server.core.types import (
     Choice,
-    ChoiceEnd,
     Delta,
     FinishReason,
     GenerationRequest,
@@ -32,6 +28,9 @@ from server.core.types import (
     TextPrompt,
     TokenLogprob,
 )
+from server.http import jsonio
+from server.http.body import parse_model
+from server.http.context import RequestBounds
 
 LMI_DEFAULT_MAX_NEW_TOKENS = 30
 DJL_LIST_LIMIT = 100
@@ -417,8 +416,9 @@ class StreamEncoder:
         self._parts: list[str] = [plan.inputs[0]] if plan.full_text else []
         self._count = 0
 
-    def lines(self, delta: Delta, end: ChoiceEnd | None) -> Iterator[bytes]:
+    def lines(self, delta: Delta) -> Iterator[bytes]:
         ids = delta.token_ids
+        end = delta if delta.finish is not None else None
         if not ids:
             self._parts.append(delta.text)
             if end is not None:
@@ -434,10 +434,6 @@ class StreamEncoder:
                 token(tid, text, entry.logprob if entry else None), end if i == last else None
             )
 
-    def end_only(self, end: ChoiceEnd) -> bytes:
-        """A choice that ended without a token of its own."""
-        return self._line(token(-1, "", None), end)
-
     def error(self, message: str, code: int) -> bytes:
         line = {
             "token": token(-1, "", None), "generated_text": "".join(self._parts),
@@ -445,13 +441,13 @@ class StreamEncoder:
         }
         return jsonio.dumps(line) + b"\n"
 
-    def _line(self, tok: dict[str, Any], end: ChoiceEnd | None) -> bytes:
+    def _line(self, tok: dict[str, Any], end: Delta | None) -> bytes:
         line: dict[str, Any] = {"token": tok}
-        if end is not None:
+        if end is not None and end.finish is not None:
             line["generated_text"] = "".join(self._parts)
             if self._plan.details:
                 line["details"] = {
-                    "finish_reason": finish_reason(end.reason, end.matched_stop),
+                    "finish_reason": finish_reason(end.finish, end.matched_stop),
                     "generated_tokens": self._count,
                     "inputs": self._plan.inputs[0],
                 }

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 from starlette.responses import Response
 
-from protocols._common import jsonio
-from protocols._common.http import json_response, retry_headers
-from protocols._common.streaming import sse_event
 from server.core.errors import (
     AdapterCapacity,
     AdapterExists,
@@ -30,6 +27,9 @@ from server.core.errors import (
     ServiceUnavailable,
     Unauthorized,
 )
+from server.http import jsonio
+from server.http.body import json_response, retry_headers
+from server.http.streaming import sse_event
 
 STATUS: dict[type[GatewayError], int] = {
     InvalidRequest: 400,

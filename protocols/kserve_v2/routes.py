@@ -9,30 +9,13 @@ and abort the engine request then; streams are closed by `StreamResponse` on dis
 
 from __future__ import annotations
 
-import logging
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any, Literal, TypeVar, cast
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
 
-from protocols._common import jsonio
-from protocols._common.context import ProtocolContext
-from protocols._common.disconnect import while_connected
-from protocols._common.guard import Endpoint, guarded
-from protocols._common.http import (
-    decode_json,
-    json_response,
-    parse_model,
-    read_body,
-    read_json,
-    request_id_header,
-)
-from protocols._common.lookahead import with_ends
-from protocols._common.streaming import StreamResponse, sse_event
-from protocols.kserve_v2 import errors, tensors
+from protocols.kserve_v2 import errors, schema, tensors
 from protocols.kserve_v2.models import (
     MODEL_VERSION,
     ModelRef,
@@ -58,14 +41,25 @@ from protocols.kserve_v2.translate import (
     text_outputs,
     token_outputs,
 )
-from server.core.collect import collect
-from server.core.errors import EngineError, GatewayError
-from server.core.service import EventStream
-from server.core.types import GenerationRequest, GenerationResult
+from server.core.collect import collect, fold
+from server.core.errors import GatewayError
+from server.core.types import GenerationEvent, GenerationRequest, GenerationResult
+from server.http import jsonio
+from server.http.body import (
+    decode_json,
+    json_response,
+    parse_model,
+    read_body,
+    read_json,
+    request_id_header,
+)
+from server.http.context import ProtocolContext, current_request_id
+from server.http.disconnect import until_disconnect
+from server.http.routes import Access, Answer, Doc, Endpoint, Route, RouteList
+from server.http.streaming import EventStreamAnswer, sse_event
 
-logger = logging.getLogger("gateway.kserve_v2")
+NAME = "kserve"
 SSE_TYPE = "text/event-stream; charset=utf-8"
-T = TypeVar("T")
 
 
 class KserveApi:
@@ -77,38 +71,38 @@ class KserveApi:
         self.stats = stats
 
     # ---- health and metadata -------------------------------------------------------------
-    async def server_metadata(self, request: Request) -> Response:
+    async def server_metadata(self, request: Request) -> Answer:
         return json_response(server_metadata(self.ctx.server_version))
 
-    async def live(self, request: Request) -> Response:
+    async def live(self, request: Request) -> Answer:
         return Response(status_code=200 if self.service.lifecycle.live else 400)
 
-    async def ready(self, request: Request) -> Response:
+    async def ready(self, request: Request) -> Answer:
         return Response(status_code=200 if self.service.lifecycle.accepting else 400)
 
-    async def model_ready(self, request: Request) -> Response:
+    async def model_ready(self, request: Request) -> Answer:
         self.model(request)
         if not self.service.lifecycle.accepting:
             return json_response({"error": "Model version not ready"}, 400)
         return Response(status_code=200)
 
-    async def metadata(self, request: Request) -> Response:
+    async def metadata(self, request: Request) -> Answer:
         return json_response(model_metadata(self.model(request)))
 
-    async def config(self, request: Request) -> Response:
+    async def config(self, request: Request) -> Answer:
         return json_response(model_config(self.model(request), self.service.served_name))
 
-    async def model_stats(self, request: Request) -> Response:
+    async def model_stats(self, request: Request) -> Answer:
         return json_response(self.stats.to_json([self.model(request).name], MODEL_VERSION))
 
-    async def all_stats(self, request: Request) -> Response:
+    async def all_stats(self, request: Request) -> Answer:
         names = [self.service.served_name, *self.service.adapters.names()]
         return json_response(self.stats.to_json(names, MODEL_VERSION))
 
-    async def slot_count(self, request: Request) -> Response:
+    async def slot_count(self, request: Request) -> Answer:
         """MindIE: slots are engine sequences; busy = admitted requests or engine sequences."""
         self.model(request)
-        info, stats = self.service.engine.info(), self.service.engine.stats()
+        info, stats = self.service.info(), self.service.stats()
         busy = max(stats.running + stats.waiting, self.service.lifecycle.inflight)
         return json_response({
             "total_slots": info.max_num_seqs,
@@ -116,7 +110,7 @@ class KserveApi:
             "available_tokens_length": stats.free_blocks * info.block_size,
         })
 
-    async def stop_infer(self, request: Request) -> Response:
+    async def stop_infer(self, request: Request) -> Answer:
         """MindIE: cancel the running request(s) with this id; 200 echoes the body."""
         self.model(request)
         body = await read_json(request, self.ctx.max_body_bytes)
@@ -124,11 +118,11 @@ class KserveApi:
         return json_response(body)
 
     # ---- inference ---------------------------------------------------------------------------
-    async def infer(self, request: Request) -> Response:
+    async def infer(self, request: Request) -> Answer:
         model = self.model(request)
         return await self.counted(model, lambda timer: self._infer(request, model, timer))
 
-    async def _infer(self, request: Request, model: ModelRef, timer: RequestTimer) -> Response:
+    async def _infer(self, request: Request, model: ModelRef, timer: RequestTimer) -> Answer:
         body = tensors.inflate(
             await read_body(request, self.ctx.max_body_bytes),
             request.headers.get("content-encoding"), self.ctx.max_body_bytes,
@@ -151,17 +145,17 @@ class KserveApi:
         headers = {"inference-header-content-length": str(length)}
         return Response(content, headers=headers, media_type="application/octet-stream")
 
-    async def generate(self, request: Request) -> Response:
+    async def generate(self, request: Request) -> Answer:
         model = self.model(request)
         return await self.counted(model, lambda timer: self._generate(request, model, timer))
 
-    async def _generate(self, request: Request, model: ModelRef, timer: RequestTimer) -> Response:
+    async def _generate(self, request: Request, model: ModelRef, timer: RequestTimer) -> Answer:
         call, header = await self.generate_call(request, model, stream=False)
         timer.mark()
         result = await self.run(request, call.request, timer)
         return json_response(generate_body(result, call, header))
 
-    async def generate_stream(self, request: Request) -> Response:
+    async def generate_stream(self, request: Request) -> Answer:
         """Errors before the first event are JSON with a status; later ones are SSE events."""
         model = self.model(request)
         timer = self.stats.timer(model.name)
@@ -173,51 +167,11 @@ class KserveApi:
         except BaseException:
             timer.failure()
             raise
-        response = StreamResponse(self.events(stream, call, header, timer), media_type=SSE_TYPE)
-        return cast(Response, response)  # an ASGI response; Starlette only calls it
-
-    async def events(
-        self, stream: EventStream, call: TextCall, header: dict[str, Any], timer: RequestTimer
-    ) -> AsyncIterator[bytes]:
-        ok = False
-        payloads = self._payloads(stream, call, header)
-        try:
-            async for payload in payloads:
-                yield sse_event(jsonio.dumps(payload))
-            ok = True
-        except Exception as exc:
-            if not isinstance(exc, GatewayError):
-                logger.exception("unexpected error in a generate_stream")
-                exc = EngineError("Internal error while streaming the response")
-            yield errors.stream_error(exc)
-        finally:
-            await payloads.aclose()
-            await stream.aclose()
-            timer.mark()
-            if ok:
-                timer.success()
-            else:
-                timer.failure()
-
-    async def _payloads(
-        self, stream: EventStream, call: TextCall, header: dict[str, Any]
-    ) -> AsyncGenerator[dict[str, Any], None]:
         if not call.stream:  # `stream: false`: one event with the whole answer, as Triton
-            result = await collect(stream, request_id=stream.request.request_id, model="")
-            yield {**generate_body(result, call, header), "done": True}
-            return
-        folder = StreamFolder(call, header)
-        pairs = with_ends(stream)
-        try:
-            async for item in pairs:
-                payload = folder.fold(item)
-                if payload is not None:
-                    yield payload
-        finally:
-            await pairs.aclose()
-        last = folder.close()
-        if last is not None:
-            yield last
+            fmt: _Whole | _Deltas = _Whole(call, header)
+        else:
+            fmt = _Deltas(StreamFolder(call, header))
+        return EventStreamAnswer(stream, fmt, media_type=SSE_TYPE, on_close=timer.finished)
 
     # ---- helpers -------------------------------------------------------------------------------
     def model(self, request: Request) -> ModelRef:
@@ -229,11 +183,11 @@ class KserveApi:
 
     def target(self, request: Request, model: ModelRef, client_id: str | None) -> Target:
         """The engine-facing id is the client's Triton/MindIE id, else X-Request-Id, else new."""
-        request_id = client_id or request_id_header(request) or f"kserve-{uuid.uuid4().hex}"
+        request_id = client_id or request_id_header(request) or f"kserve-{current_request_id()}"
         return Target(
             model=model, request_id=request_id, client_id=client_id or None,
             bounds=self.ctx.bounds, adapters=frozenset(self.service.adapters.names()),
-            vocab_size=self.service.engine.info().vocab_size,
+            vocab_size=self.service.info().vocab_size,
         )
 
     async def generate_call(
@@ -246,8 +200,8 @@ class KserveApi:
         return text_call(inputs, params, target, route=route), response_header(model, client_id)
 
     async def counted(
-        self, model: ModelRef, handle: Callable[[RequestTimer], Awaitable[Response]]
-    ) -> Response:
+        self, model: ModelRef, handle: Callable[[RequestTimer], Awaitable[Answer]]
+    ) -> Answer:
         timer = self.stats.timer(model.name)
         try:
             response = await handle(timer)
@@ -270,32 +224,81 @@ class KserveApi:
             finally:
                 await stream.aclose()
 
-        result = await while_connected(request, work())
+        result = await until_disconnect(request, work())
         timer.mark()
         return result
 
 
-def data_routes(ctx: ProtocolContext) -> list[BaseRoute]:
+class _Deltas:
+    """`generate_stream`: one SSE event per engine delta (see `StreamFolder`)."""
+
+    def __init__(self, folder: StreamFolder) -> None:
+        self._folder = folder
+
+    def encode(self, event: GenerationEvent) -> bytes:
+        payload = self._folder.fold(event)
+        return b"" if payload is None else sse_event(jsonio.dumps(payload))
+
+    def error(self, exc: GatewayError) -> bytes:
+        return errors.stream_error(exc)
+
+    def end(self) -> bytes:
+        last = self._folder.close()
+        return b"" if last is None else sse_event(jsonio.dumps(last))
+
+
+class _Whole:
+    """`generate_stream` with `stream: false`: the whole answer as one event."""
+
+    def __init__(self, call: TextCall, header: dict[str, Any]) -> None:
+        self._call = call
+        self._header = header
+        self._events: list[GenerationEvent] = []
+
+    def encode(self, event: GenerationEvent) -> bytes:
+        self._events.append(event)
+        return b""
+
+    def error(self, exc: GatewayError) -> bytes:
+        return errors.stream_error(exc)
+
+    def end(self) -> bytes:
+        request = self._call.request
+        result = fold(self._events, request_id=request.request_id, model="")
+        body = {**generate_body(result, self._call, self._header), "done": True}
+        return sse_event(jsonio.dumps(body))
+
+
+def routes(ctx: ProtocolContext) -> list[Route]:
     api = KserveApi(ctx, InferenceStats())
-    guard = guarded(errors.render)
-    routes: list[BaseRoute] = [
-        Route("/v2", guard(api.server_metadata), methods=["GET"]),
-        Route("/v2/health/live", guard(api.live), methods=["GET"]),
-        Route("/v2/health/ready", guard(api.ready), methods=["GET"]),
-        Route("/v2/models/stats", guard(api.all_stats), methods=["GET"]),
+    out = RouteList(owner=NAME, render=errors.render)
+    health, control = Access.OPEN, frozenset({"control"})  # Triton's shapes win on a shared port
+    out.get("/v2", api.server_metadata, doc=Doc(summary="Server metadata"))
+    out.get("/v2/health/live", api.live, access=health, overrides=control,
+            doc=Doc(summary="Liveness (open)"))
+    out.get("/v2/health/ready", api.ready, access=health, overrides=control,
+            doc=Doc(summary="Readiness (open)"))
+    out.get("/v2/models/stats", api.all_stats, doc=Doc(summary="Statistics of every model"))
+    model_routes: list[tuple[str, str, Endpoint, Doc, Access]] = [
+        ("GET", "", api.metadata, Doc(summary="Model metadata"), Access.DATA),
+        ("GET", "/ready", api.model_ready, Doc(summary="Model readiness (open)"), health),
+        ("GET", "/config", api.config, Doc(summary="Model configuration"), Access.DATA),
+        ("GET", "/stats", api.model_stats, Doc(summary="Model statistics"), Access.DATA),
+        ("POST", "/infer", api.infer,
+         Doc(summary="Inference (JSON tensors)", body=schema.InferRequest), Access.DATA),
+        ("POST", "/generate", api.generate,
+         Doc(summary="Generate extension", body=schema.GENERATE_BODY), Access.DATA),
+        ("POST", "/generate_stream", api.generate_stream,
+         Doc(summary="Generate extension, SSE", body=schema.GENERATE_BODY, streams=True),
+         Access.DATA),
+        ("POST", "/stopInfer", api.stop_infer,
+         Doc(summary="Stop a running request by id (MindIE)", body=schema.StopInferRequest),
+         Access.DATA),
+        ("GET", "/getSlotCount", api.slot_count, Doc(summary="Free engine slots (MindIE)"),
+         Access.DATA),
     ]
-    model_routes: list[tuple[str, Endpoint, str]] = [
-        ("", api.metadata, "GET"),
-        ("/ready", api.model_ready, "GET"),
-        ("/config", api.config, "GET"),
-        ("/stats", api.model_stats, "GET"),
-        ("/infer", api.infer, "POST"),
-        ("/generate", api.generate, "POST"),
-        ("/generate_stream", api.generate_stream, "POST"),
-        ("/stopInfer", api.stop_infer, "POST"),
-        ("/getSlotCount", api.slot_count, "GET"),
-    ]
-    for suffix, endpoint, method in model_routes:
+    for method, suffix, endpoint, doc, access in model_routes:
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-            routes.append(Route(prefix + suffix, guard(endpoint), methods=[method]))
-    return routes
+            out.add(method, prefix + suffix, endpoint, doc=doc, access=access,
+                    overrides=control)
+    return out.routes

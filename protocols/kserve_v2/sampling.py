@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from protocols._common.context import RequestBounds
 from server.core.errors import InvalidRequest
 from server.core.types import Sampling
+from server.http.context import RequestBounds
 
 INT64_MAX = 2**63 - 1
 

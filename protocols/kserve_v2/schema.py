@@ -58,3 +58,27 @@ class StopInferRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     id: StrictStr = Field(min_length=1, max_length=256)
+
+
+# OpenAPI body of the generate extension: inputs by name at the top level, dynamic keys.
+GENERATE_BODY: dict[str, Any] = {
+    "type": "object",
+    "description": "Triton generate extension: inputs by name at the top level; other keys "
+    "are request parameters (scalars or lists of scalars).",
+    "properties": {
+        "id": {"type": "string", "maxLength": 256},
+        "text_input": {"type": "string"},
+        "stream": {"type": "boolean"},
+        "sampling_parameters": {"type": "string"},
+        "exclude_input_in_output": {"type": "boolean"},
+        "return_finish_reason": {"type": "boolean"},
+        "return_cumulative_logprob": {"type": "boolean"},
+        "return_logprobs": {"type": "boolean"},
+        "return_num_input_tokens": {"type": "boolean"},
+        "return_num_output_tokens": {"type": "boolean"},
+        "max_tokens": {"type": "integer", "minimum": 1},
+        "temperature": {"type": "number", "minimum": 0},
+        "parameters": {"type": "object"},
+    },
+    "required": ["text_input"],
+}

@@ -61,6 +61,14 @@ class RequestTimer:
             self._booked = True
             self._stats.book(self._model, [self._marks[0], self._stats.clock()], ok=False)
 
+    def finished(self, ok: bool) -> None:
+        """A stream ended (well, or not): end its last phase and book it."""
+        self.mark()
+        if ok:
+            self.success()
+        else:
+            self.failure()
+
 
 class InferenceStats:
     def __init__(

@@ -17,8 +17,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from protocols._common import jsonio
 from server.core.errors import InvalidRequest, PayloadTooLarge
+from server.http import jsonio
 
 HEADER_LENGTH = "inference-header-content-length"
 

@@ -21,8 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from protocols._common import jsonio
-from protocols._common.context import RequestBounds
 from protocols.kserve_v2 import tensors
 from protocols.kserve_v2.models import (
     EXTRA_FLAGS,
@@ -38,9 +36,7 @@ from protocols.kserve_v2.tensors import Tensor
 from server.core.errors import AdapterNotFound, InvalidRequest, Unsupported
 from server.core.types import (
     Choice,
-    ChoiceEnd,
     Delta,
-    Done,
     GenerationEvent,
     GenerationRequest,
     GenerationResult,
@@ -51,6 +47,8 @@ from server.core.types import (
     TokenLogprob,
     TokenPrompt,
 )
+from server.http import jsonio
+from server.http.context import RequestBounds
 
 TEXT_MAX_TOKENS = 16
 TOKEN_MAX_NEW_TOKENS = 20
@@ -335,7 +333,7 @@ def _request(
     return GenerationRequest(
         request_id=target.request_id, model=_model_for(target, knobs.lora_name), prompt=prompt,
         sampling=knobs.sampling, output=OutputOptions(logprobs=logprobs), stream=stream,
-        protocol="kserve_v2", timeout_s=knobs.timeout_s,
+        protocol="kserve", timeout_s=knobs.timeout_s,
     )
 
 
@@ -512,13 +510,13 @@ def _details(reason: str, generated: int) -> dict[str, Any]:
 
 
 class StreamFolder:
-    """Engine events (paired by `_common.lookahead.with_ends`) → `generate_stream` event objects.
+    """Engine events → `generate_stream` event objects.
 
     One event per engine delta with the delta `text_output` and `"done": false`; the choice's
     last delta carries `"done": true` and, when asked, `finish_reason` (the vLLM backend's last
     response carries both too). `done` is KServe's generate spec; Triton clients ignore it. If the
-    end does not come with a delta (an abort, stopInfer), a last event with an empty
-    `text_output` closes the stream.
+    stream ends without a finishing delta (an engine that never says), a last event with an empty
+    `text_output` closes it.
     """
 
     def __init__(self, call: TextCall, header: Mapping[str, Any]) -> None:
@@ -530,19 +528,18 @@ class StreamFolder:
         self._reason = "abort"
         self._finished = False
 
-    def fold(self, item: GenerationEvent | tuple[Delta, ChoiceEnd]) -> dict[str, Any] | None:
-        if isinstance(item, tuple):
-            self._reason = item[1].reason.value
-            return self._delta(item[0], done=True)
-        if isinstance(item, Started):
-            self._prompt_tokens = len(item.prompt_token_ids)
-        elif isinstance(item, Delta) and (item.text or item.token_ids):
-            return self._delta(item, done=False)
-        elif isinstance(item, ChoiceEnd):
-            self._reason = item.reason.value
-        elif isinstance(item, Done):
-            return self.close()
-        return None
+    def fold(self, event: GenerationEvent) -> dict[str, Any] | None:
+        if isinstance(event, Delta):
+            if event.finish is not None:
+                self._reason = event.finish.value
+                return self._delta(event, done=True)
+            if event.text or event.token_ids:
+                return self._delta(event, done=False)
+            return None
+        if isinstance(event, Started):
+            self._prompt_tokens = len(event.prompt_token_ids)
+            return None
+        return self.close()
 
     def close(self) -> dict[str, Any] | None:
         """The closing event, unless the last delta already carried `done`."""

@@ -12,9 +12,6 @@ from typing import Any
 
 from starlette.responses import Response
 
-from protocols._common import jsonio
-from protocols._common.http import json_response, retry_headers
-from protocols._common.streaming import sse_event
 from server.core.errors import (
     AdapterCapacity,
     AdapterExists,
@@ -28,6 +25,9 @@ from server.core.errors import (
     ServiceUnavailable,
     Unauthorized,
 )
+from server.http import jsonio
+from server.http.body import json_response, retry_headers
+from server.http.streaming import sse_event
 
 # The first matching class wins, so subclasses come first.
 _TABLE: tuple[tuple[type[GatewayError], int, str], ...] = (

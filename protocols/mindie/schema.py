@@ -12,6 +12,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
+from server.http.routes import EMBEDS
+
 Unsigned = Annotated[int, Field(strict=True, ge=0)]
 Signed = Annotated[int, Field(strict=True)]
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
@@ -66,3 +68,31 @@ class VllmGenerateRequest(BaseModel):
     presence_penalty: Number | None = None
     frequency_penalty: Number | None = None
     repetition_penalty: Number | None = None
+
+
+# OpenAPI bodies of the routes that read their JSON by hand (prompt forms are exclusive).
+INFER_BODY: dict[str, Any] = {
+    EMBEDS: [InferParameters],
+    "type": "object",
+    "properties": {
+        "inputs": {"type": "string"},
+        "stream": {"type": "boolean"},
+        "parameters": {"$ref": "#/components/schemas/mindie.InferParameters"},
+    },
+    "required": ["inputs"],
+}
+INFER_TOKEN_BODY: dict[str, Any] = {
+    EMBEDS: [InferParameters],
+    "type": "object",
+    "properties": {
+        "input_id": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "stream": {"type": "boolean"},
+        "parameters": {"$ref": "#/components/schemas/mindie.InferParameters"},
+    },
+    "required": ["input_id"],
+}
+TOKENIZER_BODY: dict[str, Any] = {
+    "type": "object",
+    "properties": {"inputs": {"type": "string"}, "do_decode": {"type": "boolean"}},
+    "required": ["inputs"],
+}

@@ -14,12 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from protocols._common.context import RequestBounds
-from protocols._common.lookahead import token_pieces
 from protocols.mindie.schema import InferParameters, InferRequest, VllmGenerateRequest
 from server.core.errors import InvalidRequest, Unsupported
 from server.core.types import (
-    ChoiceEnd,
     Delta,
     FinishReason,
     GenerationRequest,
@@ -29,6 +26,8 @@ from server.core.types import (
     TextPrompt,
     TokenPrompt,
 )
+from server.http.context import RequestBounds
+from server.http.streaming import token_pieces
 
 MAX_TOKEN_ID = 1024 * 1024  # MindIE: each input_id in [0, 1048576], at most that many
 MAX_INT32 = 2**31 - 1
@@ -225,8 +224,11 @@ class InferStreamEncoder:
         self._parts: list[str] = []
         self._last_id = 0
 
-    def events(self, delta: Delta, end: ChoiceEnd | None, now: float) -> list[dict[str, Any]]:
+    def events(self, delta: Delta, now: float) -> list[dict[str, Any]]:
         ids = delta.token_ids
+        end = delta if delta.finish is not None else None
+        if not ids and end is not None and not delta.text:
+            return [self.final(end, now)]
         self._parts.append(delta.text)
         elapsed = (now - self._last_at) * 1000.0 / max(len(ids), 1)
         self._last_at = now
@@ -242,7 +244,7 @@ class InferStreamEncoder:
             out.append(self._final(end, elapsed))
         return out
 
-    def final(self, end: ChoiceEnd, now: float) -> dict[str, Any]:
+    def final(self, end: Delta, now: float) -> dict[str, Any]:
         """An end without a token of its own: the final event names the last token again."""
         elapsed = (now - self._last_at) * 1000.0
         return self._final(end, elapsed, counted=False)
@@ -254,12 +256,13 @@ class InferStreamEncoder:
         ms = round(elapsed_ms, 3)
         return {"prefill_time": ms if first else None, "decode_time": None if first else ms}
 
-    def _final(self, end: ChoiceEnd, elapsed_ms: float, *, counted: bool = True) -> dict[str, Any]:
+    def _final(self, end: Delta, elapsed_ms: float, *, counted: bool = True) -> dict[str, Any]:
         event = self._timed(elapsed_ms, counted=counted)
         event["generated_text"] = "".join(self._parts)
+        reason = end.finish or FinishReason.ABORT
         event["details"] = (
             {
-                "finish_reason": finish_reason(end.reason, end.matched_stop),
+                "finish_reason": finish_reason(reason, end.matched_stop),
                 "generated_tokens": self._count,
                 "seed": self._plan.seed,
             }

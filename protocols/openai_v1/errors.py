@@ -11,14 +11,14 @@ from typing import Any
 
 from starlette.responses import Response
 
-from protocols._common import jsonio
-from protocols._common.http import json_response, retry_headers
-from protocols._common.streaming import sse_event
 from server.core.errors import (
     AdapterNotFound,
     GatewayError,
     InvalidRequest,
 )
+from server.http import jsonio
+from server.http.body import json_response, retry_headers
+from server.http.streaming import sse_event
 
 DONE = b"data: [DONE]\n\n"
 

@@ -14,16 +14,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from protocols._common import jsonio
-from protocols._common.context import RequestBounds
-from protocols._common.streaming import sse_event
 from protocols.openai_v1 import schema
 from server.core.errors import InvalidRequest, Unsupported
 from server.core.types import (
     ChatMessage,
     ChatPrompt,
     Choice,
-    ChoiceEnd,
     Delta,
     Done,
     GenerationEvent,
@@ -39,12 +35,12 @@ from server.core.types import (
     TokenPrompt,
     Usage,
 )
+from server.http import jsonio
+from server.http.context import RequestBounds
+from server.http.streaming import sse_event
 
 _T = TypeVar("_T")
 TokenTexts = Callable[[list[int]], list[str]]
-# What the stream encoders take: events, or a last `Delta` paired with its `ChoiceEnd`
-# (`_common.lookahead.with_ends`), which vLLM sends as one chunk.
-StreamItem = GenerationEvent | tuple[Delta, ChoiceEnd]
 JSON = dict[str, Any]
 # (token text, logprob or None, {token text: logprob} or None): one row of completion logprobs
 LogprobRow = tuple[str, float | None, dict[str, float] | None]
@@ -99,7 +95,7 @@ def chat_request(
         sampling=to_sampling(body, _bounded_max_tokens(max_tokens, bounds), bounds),
         output=OutputOptions(logprobs=_chat_logprobs(body, bounds)),
         stream=bool(body.stream),
-        protocol="openai_v1",
+        protocol="openai",
         priority=body.priority,
     )
 
@@ -128,7 +124,7 @@ def completion_requests(
             sampling=sampling,
             output=output,
             stream=bool(body.stream),
-            protocol="openai_v1",
+            protocol="openai",
             priority=body.priority,
         )
         for prompt in completion_prompts(body, bounds)
@@ -465,6 +461,9 @@ def _clamp(logprob: float) -> float:
     return max(logprob, MIN_LOGPROB)
 
 
+_TEXT_ONLY_TAIL = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}'
+
+
 class _ChunkWriter:
     """Stream chunks share `id`, `object`, `created`, `model`: serialise that head once."""
 
@@ -473,6 +472,16 @@ class _ChunkWriter:
             {"id": meta.id, "object": obj, "created": meta.created, "model": meta.model}
         )
         self._prefix = head[:-1] + b',"choices":['
+
+    def text_chunk(self, index: int, text: str) -> bytes:
+        """`chunk()` of a chat choice that carries only text: most chunks of a stream, written
+        without building and serialising a dict (the same bytes)."""
+        return sse_event(
+            b"".join(
+                (self._prefix, b'{"index":', str(index).encode(), b',"delta":{"content":',
+                 jsonio.dumps(text), _TEXT_ONLY_TAIL)
+            )
+        )
 
     def chunk(self, choice: JSON | None, usage: JSON | None = None, **extra: Any) -> bytes:
         parts = [self._prefix, b"" if choice is None else jsonio.dumps(choice), b"]"]
@@ -572,17 +581,15 @@ class ChatStreamEncoder:
         self._out = _ChunkWriter(view.meta, "chat.completion.chunk")
         self._prompt_tokens = 0
         self._generated = [0] * view.n
+        # chunks that carry only text: no logprobs, token ids or per-chunk usage asked for
+        self._plain = not (view.logprobs or view.return_token_ids or view.usage.continuous)
 
-    def encode(self, item: StreamItem) -> bytes:
-        if isinstance(item, tuple):
-            return self._output(*item)
-        if isinstance(item, Delta):
-            return self._output(item, None)
-        if isinstance(item, ChoiceEnd):
-            return self._output(Delta(choice=item.choice, text=""), item)
-        if isinstance(item, Started):
-            return self._start(item)
-        return self._done(item)
+    def encode(self, event: GenerationEvent) -> bytes:
+        if isinstance(event, Delta):
+            return self._output(event)
+        if isinstance(event, Started):
+            return self._start(event)
+        return self._done(event)
 
     def _usage(self, choice: int) -> JSON | None:
         if not self._view.usage.continuous:
@@ -624,11 +631,13 @@ class ChatStreamEncoder:
             ]
         return b"".join(chunks)
 
-    def _output(self, event: Delta, end: ChoiceEnd | None) -> bytes:
-        if end is None and not event.text and not event.token_ids:
+    def _output(self, event: Delta) -> bytes:
+        if event.finish is None and not event.text and not event.token_ids:
             return b""
         i, view = event.choice, self._view
         self._generated[i] += len(event.token_ids)
+        if self._plain and event.finish is None:
+            return self._out.text_chunk(i, event.text)
         logprobs = None
         if view.logprobs:
             logprobs = {"content": [chat_logprob(lp) for lp in event.logprobs]}
@@ -638,9 +647,9 @@ class ChatStreamEncoder:
             "logprobs": logprobs,
             "finish_reason": None,
         }
-        if end is not None:
-            choice["finish_reason"] = end.reason.value
-            choice["stop_reason"] = end.matched_stop
+        if event.finish is not None:
+            choice["finish_reason"] = event.finish.value
+            choice["stop_reason"] = event.matched_stop
         choice["token_ids"] = list(event.token_ids) if view.return_token_ids else None
         return self._out.chunk(choice, self._usage(i))
 
@@ -658,9 +667,8 @@ class ChatStreamEncoder:
 class CompletionView:
     """How one completion request wants its answer rendered.
 
-    `echo_texts[k]` / `prompt_counts[k]` describe prompt k when the engine's `Started` event
-    does not (a batch reports only the first prompt's); `token_texts` names prompt tokens that
-    carry no logprob.
+    `echo_texts[k]` is prompt k's text for `echo` when the engine's `Started` does not carry it;
+    `token_texts` names prompt tokens that carry no logprob.
     """
 
     meta: ReplyMeta
@@ -669,7 +677,6 @@ class CompletionView:
     echo: bool = False
     echo_only: bool = False
     echo_texts: tuple[str | None, ...] = ()
-    prompt_counts: tuple[int | None, ...] = ()
     usage: StreamUsage = field(default_factory=StreamUsage)
     return_token_ids: bool = False
     token_texts: TokenTexts = field(default=lambda ids: ["" for _ in ids])
@@ -690,9 +697,6 @@ class CompletionView:
             echo=bool(body.echo),
             echo_only=bool(body.echo) and body.max_tokens == 0,
             echo_texts=tuple(_prompt_text(p, token_texts) for p in prompts),
-            prompt_counts=tuple(
-                len(p.token_ids) if isinstance(p, TokenPrompt) else None for p in prompts
-            ),
             usage=StreamUsage.of(body),
             return_token_ids=bool(body.return_token_ids),
             token_texts=token_texts,
@@ -708,45 +712,45 @@ def _prompt_text(prompt: Prompt, token_texts: TokenTexts) -> str | None:
 
 
 class _Echo:
-    """The prompt side of `echo`: text and logprob rows of prompt k (k = choice // n)."""
+    """The prompt side of a choice (prompt k = choice // n): text, logprob rows, token ids,
+    from the `Started` of that prompt."""
 
     def __init__(self, view: CompletionView) -> None:
         self._view = view
-        self._started: Started | None = None
-        self._rows: list[LogprobRow] | None = None
+        self._started: dict[int, Started] = {}
+        self._rows: dict[int, list[LogprobRow]] = {}
 
     def start(self, started: Started) -> None:
-        self._started = started
+        self._started[started.prompt_index] = started
 
     def text(self, choice: int) -> str:
         k = choice // self._view.n
-        if k == 0 and self._started is not None and self._started.prompt_text is not None:
-            return self._started.prompt_text
+        started = self._started.get(k)
+        if started is not None and started.prompt_text is not None:
+            return started.prompt_text
         texts = self._view.echo_texts
         return (texts[k] if k < len(texts) else None) or ""
 
     def rows(self, choice: int) -> list[LogprobRow]:
-        """Logprob rows of the prompt (only the first prompt's are known in a batch)."""
-        if choice // self._view.n != 0 or self._started is None:
+        k = choice // self._view.n
+        started = self._started.get(k)
+        if started is None:
             return []
-        if self._rows is None:
-            self._rows = prompt_rows(self._started, self._view.token_texts)
-        return self._rows
+        if k not in self._rows:
+            self._rows[k] = prompt_rows(started, self._view.token_texts)
+        return self._rows[k]
 
     def start_offset(self, choice: int) -> int:
         """Text offset of the first logprob row: past the prompt when its rows are unknown."""
         return 0 if self.rows(choice) else len(self.text(choice))
 
-    @property
-    def prompt_token_ids(self) -> list[int] | None:
-        return None if self._started is None else list(self._started.prompt_token_ids)
+    def prompt_token_ids(self, choice: int) -> list[int] | None:
+        started = self._started.get(choice // self._view.n)
+        return None if started is None else list(started.prompt_token_ids)
 
     def prompt_tokens(self, choice: int) -> int:
-        k = choice // self._view.n
-        if k == 0 and self._started is not None:
-            return len(self._started.prompt_token_ids)
-        counts = self._view.prompt_counts
-        return (counts[k] if k < len(counts) else None) or 0
+        started = self._started.get(choice // self._view.n)
+        return 0 if started is None else len(started.prompt_token_ids)
 
 
 def logprob_row(lp: TokenLogprob) -> LogprobRow:
@@ -791,7 +795,8 @@ def completion_logprobs(rows: Iterable[LogprobRow], offset: int = 0) -> tuple[JS
 
 def completion_response(result: GenerationResult, view: CompletionView) -> JSON:
     echo = _Echo(view)
-    echo.start(result.prompt)
+    for started in result.prompts:
+        echo.start(started)
     return {
         "id": view.meta.id,
         "object": "text_completion",
@@ -814,8 +819,7 @@ def _completion_choice(choice: Choice, view: CompletionView, echo: _Echo) -> JSO
         if view.logprobs is not None:
             rows = echo.rows(choice.index) + rows
             offset = echo.start_offset(choice.index)
-    first_prompt = choice.index // view.n == 0
-    prompt_ids = echo.prompt_token_ids if view.return_token_ids and first_prompt else None
+    prompt_ids = echo.prompt_token_ids(choice.index) if view.return_token_ids else None
     return {
         "index": choice.index,
         "text": text,
@@ -840,21 +844,18 @@ class CompletionStreamEncoder:
         self._offsets: dict[int, int] = {}
         self._generated: dict[int, int] = {}
 
-    def encode(self, item: StreamItem) -> bytes:
-        if isinstance(item, tuple):
-            return self._output(*item)
-        if isinstance(item, Delta):
-            return self._output(item, None)
-        if isinstance(item, ChoiceEnd):
-            return self._output(Delta(choice=item.choice, text=""), item)
-        if isinstance(item, Started):
-            self._echo.start(item)
+    def encode(self, event: GenerationEvent) -> bytes:
+        if isinstance(event, Delta):
+            return self._output(event)
+        if isinstance(event, Started):
+            self._echo.start(event)
             return b""
-        return self._done(item)
+        return self._done(event)
 
-    def _output(self, event: Delta, end: ChoiceEnd | None) -> bytes:
+    def _output(self, event: Delta) -> bytes:
         i, view = event.choice, self._view
         first = i not in self._opened
+        end = event.finish
         if end is None and not first and not event.text and not event.token_ids:
             return b""
         self._opened.add(i)
@@ -871,14 +872,14 @@ class CompletionStreamEncoder:
             if view.logprobs is not None:
                 rows = self._echo.rows(i) + rows
                 self._offsets[i] = self._echo.start_offset(i)
-        if first and (view.echo or view.return_token_ids) and i // view.n == 0:
-            prompt_ids = self._echo.prompt_token_ids
+        if first and (view.echo or view.return_token_ids):
+            prompt_ids = self._echo.prompt_token_ids(i)
         choice = {
             "index": i,
             "text": text,
             "logprobs": self._logprobs(i, rows),
-            "finish_reason": None if end is None else end.reason.value,
-            "stop_reason": None if end is None else end.matched_stop,
+            "finish_reason": None if end is None else end.value,
+            "stop_reason": None if end is None else event.matched_stop,
             "prompt_token_ids": prompt_ids,
             "token_ids": list(event.token_ids) if view.return_token_ids else None,
         }

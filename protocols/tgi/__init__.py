@@ -1,1 +1,6 @@
-"""Hugging Face TGI's native API."""
+"""Hugging Face Text Generation Inference's API."""
+
+from protocols.tgi import errors, routes
+from server.http.routes import ProtocolSpec
+
+SPEC = ProtocolSpec(name=routes.NAME, render=errors.render, routes=routes.routes)

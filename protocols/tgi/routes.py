@@ -1,43 +1,32 @@
 """TGI routes: POST /generate, /generate_stream, / (compat) and /tokenize; GET /info, /health, /.
 
-`generate` and `tokenize` are exported for the gateway's body dispatch of the shared paths
-`/generate` and `/tokenize`; their routes are mounted there, not here.
+`/generate` and `/tokenize` are shared paths: TGI's routes are their defaults, bodies with
+`prompt` (MindIE's vLLM flavour, vLLM's tokenize) or `messages` go to the other protocols.
 """
 
 from __future__ import annotations
 
-import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
 
-from protocols._common import jsonio
-from protocols._common.context import ProtocolContext
-from protocols._common.disconnect import while_connected
-from protocols._common.guard import Endpoint, guarded
-from protocols._common.http import (
-    decode_json,
-    json_response,
-    parse_model,
-    read_body,
-    request_id_header,
-)
-from protocols._common.lookahead import EndCandidates, with_ends
-from protocols._common.streaming import StreamResponse, sse_event
 from protocols.tgi import errors, translate
 from protocols.tgi.schema import GenerateRequest
-from server.core.errors import AdapterNotFound, EngineError, GatewayError
-from server.core.service import EventStream
-from server.core.types import ChoiceEnd, Delta, GenerationRequest, Started
+from server.core.errors import AdapterNotFound, GatewayError
+from server.core.service import PromptFit
+from server.core.types import Delta, GenerationEvent, GenerationRequest, Started
+from server.http import jsonio
+from server.http.body import decode_json, json_response, parse_model, read_body, request_id_header
+from server.http.context import ProtocolContext, current_request_id
+from server.http.disconnect import until_disconnect
+from server.http.routes import Access, Answer, Doc, Endpoint, Route, RouteList
+from server.http.streaming import EventStreamAnswer, sse_event
 
 COMPUTE_TYPE = "vllm"
-logger = logging.getLogger("gateway.protocols.tgi")
+NAME = "tgi"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,35 +34,36 @@ class _Prepared:
     body: GenerateRequest
     plan: translate.Plan
     request: GenerationRequest
+    fit: PromptFit
     rendering: translate.Rendering
     started_at: float
     validated_at: float
 
 
 def _limits(ctx: ProtocolContext) -> translate.Limits:
-    return translate.Limits.of(ctx.bounds, ctx.service.engine.info().max_model_len)
+    return translate.Limits.of(ctx.bounds, ctx.service.info().max_model_len)
 
 
 async def _read(ctx: ProtocolContext, request: Request) -> GenerateRequest:
     return parse_model(GenerateRequest, decode_json(await read_body(request, ctx.max_body_bytes)))
 
 
-async def _prepare(
+def _prepare(
     ctx: ProtocolContext, request: Request, body: GenerateRequest, *, stream: bool
 ) -> _Prepared:
+    """Validate and plan; the prompt is tokenized and fitted after admission (`fit`)."""
     started_at = time.perf_counter()
     limits = _limits(ctx)
     plan = translate.plan(body, limits, stream=stream)
     _check_adapter(ctx, plan.adapter)
-    engine = ctx.service.engine
-    token_ids = await engine.tokenize(body.inputs, add_special_tokens=True)
-    request_id = request_id_header(request) or uuid.uuid4().hex
-    gen = translate.to_generation_request(plan, token_ids, request_id=request_id, limits=limits)
-    rendering = translate.Rendering(plan=plan, eos_token_id=engine.info().eos_token_id)
+    request_id = request_id_header(request) or current_request_id()
+    gen = translate.to_generation_request(plan, request_id=request_id)
+    rendering = translate.Rendering(plan=plan, eos_token_id=ctx.service.info().eos_token_id)
     return _Prepared(
         body=body,
         plan=plan,
         request=gen,
+        fit=translate.fit_prompt(plan, limits),
         rendering=rendering,
         started_at=started_at,
         validated_at=time.perf_counter(),
@@ -83,7 +73,7 @@ async def _prepare(
 def _check_adapter(ctx: ProtocolContext, name: str) -> None:
     """Unknown `adapter_id` → 422 (TGI would silently use the base model)."""
     service = ctx.service
-    if name and name not in service.base_names and name not in service.adapters:
+    if not service.knows(name):
         known = ", ".join(sorted(service.adapters.names())) or "none"
         raise AdapterNotFound(
             f"adapter_id `{name}` is not a loaded adapter (loaded: {known})",
@@ -94,10 +84,10 @@ def _check_adapter(ctx: ProtocolContext, name: str) -> None:
 async def _run(
     ctx: ProtocolContext, prepared: _Prepared
 ) -> tuple[dict[str, object], dict[str, str]]:
-    result = await ctx.service.generate(prepared.request)
+    result = await ctx.service.generate(prepared.request, fit=prepared.fit)
     rendering = prepared.rendering
     if prepared.plan.prefill:
-        texts = ctx.service.engine.token_texts(list(result.prompt.prompt_token_ids))
+        texts = ctx.service.token_texts(list(result.prompt.prompt_token_ids))
         rendering = translate.Rendering(
             plan=prepared.plan, eos_token_id=rendering.eos_token_id, prefill_texts=texts
         )
@@ -123,74 +113,51 @@ def _timing_headers(prepared: _Prepared, prompt_tokens: int, generated: int) -> 
     }
 
 
-async def _stream(ctx: ProtocolContext, prepared: _Prepared) -> Response:
-    events = await ctx.service.start(prepared.request)
+class _Events:
+    """TGI's stream: one SSE event per token, no terminator; errors as `{"error", ...}`."""
+
+    def __init__(
+        self, rendering: translate.Rendering, token_texts: Callable[[list[int]], list[str]]
+    ) -> None:
+        self._rendering = rendering
+        self._token_texts = token_texts
+        self._encoder: translate.StreamEncoder | None = None
+
+    def encode(self, event: GenerationEvent) -> bytes:
+        if isinstance(event, Started):
+            self._encoder = translate.StreamEncoder(
+                self._rendering,
+                input_length=len(event.prompt_token_ids),
+                token_texts=self._token_texts,
+            )
+            return b""
+        if not isinstance(event, Delta) or self._encoder is None:
+            return b""
+        return b"".join(sse_event(jsonio.dumps(e)) for e in self._encoder.events(event))
+
+    def error(self, exc: GatewayError) -> bytes:
+        return errors.stream_error(exc)
+
+    def end(self) -> bytes:
+        return b""
+
+
+async def _stream(ctx: ProtocolContext, prepared: _Prepared) -> Answer:
+    events = await ctx.service.start(prepared.request, fit=prepared.fit)
     headers = {
         "x-compute-type": COMPUTE_TYPE,
         "x-compute-characters": str(len(prepared.body.inputs)),
     }
-    # StreamResponse is a plain ASGI response, which Starlette's endpoints may return.
-    return cast(
-        Response,
-        StreamResponse(
-            _sse(events, prepared.rendering, ctx.service.engine.token_texts), headers=headers
-        ),
-    )
-
-
-async def _sse(
-    events: EventStream,
-    rendering: translate.Rendering,
-    token_texts: Callable[[list[int]], list[str]],
-) -> AsyncIterator[bytes]:
-    encoder: translate.StreamEncoder | None = None
-    sampling = events.request.sampling
-    may_end = EndCandidates(
-        max_new_tokens=sampling.max_new_tokens,
-        stop_token_ids=(rendering.eos_token_id,),
-        stop_strings=bool(sampling.stop),
-    )
-    paired = with_ends(events, may_end)
-    try:
-        async for item in paired:
-            if isinstance(item, Started):
-                input_length = len(item.prompt_token_ids)
-                encoder = translate.StreamEncoder(
-                    rendering, input_length=input_length, token_texts=token_texts
-                )
-                continue
-            if encoder is None:
-                continue
-            for event in _events(encoder, item):
-                yield sse_event(jsonio.dumps(event))
-    except GatewayError as exc:
-        yield errors.stream_error(exc)
-    except Exception:
-        logger.exception("TGI stream failed")
-        yield errors.stream_error(EngineError("Internal error while streaming"))
-    finally:
-        await paired.aclose()
-        await events.aclose()
-
-
-def _events(encoder: translate.StreamEncoder, item: object) -> list[dict[str, object]]:
-    if isinstance(item, tuple):
-        delta, end = item
-        return encoder.events(delta, end)
-    if isinstance(item, Delta):
-        return encoder.events(item, None)
-    if isinstance(item, ChoiceEnd):
-        return [encoder.final(item)]
-    return []
+    fmt = _Events(prepared.rendering, ctx.service.token_texts)
+    return EventStreamAnswer(events, fmt, headers=headers)
 
 
 def generate(ctx: ProtocolContext) -> Endpoint:
     """TGI `POST /generate`: one JSON object."""
 
-    @guarded(errors.render)
-    async def endpoint(request: Request) -> Response:
-        prepared = await _prepare(ctx, request, await _read(ctx, request), stream=False)
-        body, headers = await while_connected(request, _run(ctx, prepared))
+    async def endpoint(request: Request) -> Answer:
+        prepared = _prepare(ctx, request, await _read(ctx, request), stream=False)
+        body, headers = await until_disconnect(request, _run(ctx, prepared))
         return json_response(body, headers=headers)
 
     return endpoint
@@ -199,9 +166,8 @@ def generate(ctx: ProtocolContext) -> Endpoint:
 def generate_stream(ctx: ProtocolContext) -> Endpoint:
     """TGI `POST /generate_stream`: one SSE event per token, no terminator."""
 
-    @guarded(errors.render)
-    async def endpoint(request: Request) -> Response:
-        prepared = await _prepare(ctx, request, await _read(ctx, request), stream=True)
+    async def endpoint(request: Request) -> Answer:
+        prepared = _prepare(ctx, request, await _read(ctx, request), stream=True)
         return await _stream(ctx, prepared)
 
     return endpoint
@@ -210,13 +176,12 @@ def generate_stream(ctx: ProtocolContext) -> Endpoint:
 def compat(ctx: ProtocolContext) -> Endpoint:
     """TGI `POST /`: a one-element list, or the `/generate_stream` events when `stream` is true."""
 
-    @guarded(errors.render)
-    async def endpoint(request: Request) -> Response:
+    async def endpoint(request: Request) -> Answer:
         body = await _read(ctx, request)
-        prepared = await _prepare(ctx, request, body, stream=bool(body.stream))
+        prepared = _prepare(ctx, request, body, stream=bool(body.stream))
         if prepared.plan.stream:
             return await _stream(ctx, prepared)
-        result, headers = await while_connected(request, _run(ctx, prepared))
+        result, headers = await until_disconnect(request, _run(ctx, prepared))
         return json_response([result], headers=headers)
 
     return endpoint
@@ -225,14 +190,13 @@ def compat(ctx: ProtocolContext) -> Endpoint:
 def tokenize(ctx: ProtocolContext) -> Endpoint:
     """TGI `POST /tokenize`: `[{"id", "text", "start", "stop"}]` with byte offsets into `inputs`."""
 
-    @guarded(errors.render)
-    async def endpoint(request: Request) -> Response:
+    async def endpoint(request: Request) -> Answer:
         body = await _read(ctx, request)
         if not body.inputs:
             raise translate.invalid("`inputs` cannot be empty")
-        engine = ctx.service.engine
-        token_ids = await engine.tokenize(body.inputs, add_special_tokens=True)
-        texts = engine.token_texts(token_ids)
+        service = ctx.service
+        token_ids = await service.tokenize(body.inputs, add_special_tokens=True)
+        texts = service.token_texts(token_ids)
         return json_response(translate.to_tokenize_response(body.inputs, token_ids, texts))
 
     return endpoint
@@ -241,16 +205,15 @@ def tokenize(ctx: ProtocolContext) -> Endpoint:
 def info(ctx: ProtocolContext) -> Endpoint:
     """TGI `GET /info`, with MindIE's extra fields."""
 
-    @guarded(errors.render)
-    async def endpoint(request: Request) -> Response:
+    async def endpoint(request: Request) -> Answer:
         service = ctx.service
-        engine_info = service.engine.info()
+        engine_info = service.info()
         facts = translate.ServerFacts(
             served_name=service.served_name,
             version=ctx.server_version,
             max_concurrent_requests=service.limits.max_concurrent,
             max_client_batch_size=ctx.bounds.max_prompts,
-            kv_cache_tokens=service.engine.stats().total_blocks * engine_info.block_size,
+            kv_cache_tokens=service.stats().total_blocks * engine_info.block_size,
         )
         return json_response(translate.to_info(engine_info, _limits(ctx), facts))
 
@@ -260,7 +223,7 @@ def info(ctx: ProtocolContext) -> Endpoint:
 def health(ctx: ProtocolContext) -> Endpoint:
     """TGI /health: 200 with an empty body when serving, else 503 with TGI's error body."""
 
-    async def endpoint(request: Request) -> Response:
+    async def endpoint(request: Request) -> Answer:
         if ctx.service.lifecycle.accepting:
             return Response(status_code=200)
         return json_response({"error": "unhealthy", "error_type": "healthcheck"}, 503)
@@ -268,11 +231,18 @@ def health(ctx: ProtocolContext) -> Endpoint:
     return endpoint
 
 
-def data_routes(ctx: ProtocolContext) -> list[BaseRoute]:
-    return [
-        Route("/health", health(ctx), methods=["GET"]),
-        Route("/", health(ctx), methods=["GET"]),
-        Route("/", compat(ctx), methods=["POST"]),
-        Route("/generate_stream", generate_stream(ctx), methods=["POST"]),
-        Route("/info", info(ctx), methods=["GET"]),
-    ]
+def routes(ctx: ProtocolContext) -> list[Route]:
+    out = RouteList(owner=NAME, render=errors.render)
+    probe, control = health(ctx), frozenset({"control"})  # TGI's /health wins on a shared port
+    out.get("/health", probe, access=Access.OPEN, overrides=control,
+            doc=Doc(summary="Health (open)"))
+    out.get("/", probe, access=Access.OPEN, doc=Doc(summary="Health alias (open)"))
+    body = GenerateRequest
+    out.post("/", compat(ctx),
+             doc=Doc(summary="Generate, streamed when `stream` is true", body=body, streams=True))
+    out.post("/generate", generate(ctx), doc=Doc(summary="TGI generate", body=body))
+    out.post("/generate_stream", generate_stream(ctx),
+             doc=Doc(summary="Generate as SSE", body=body, streams=True))
+    out.post("/tokenize", tokenize(ctx), doc=Doc(summary="TGI tokenize", body=body))
+    out.get("/info", info(ctx), doc=Doc(summary="Model and router info"))
+    return out.routes

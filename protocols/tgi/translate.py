@@ -16,14 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from protocols._common import jsonio
-from protocols._common.context import RequestBounds
-from protocols._common.lookahead import token_pieces
 from protocols.tgi.schema import GenerateRequest, Parameters
 from server.core.errors import InvalidRequest, Unsupported
+from server.core.service import PromptFit
 from server.core.types import (
     Choice,
-    ChoiceEnd,
     Delta,
     EngineInfo,
     FinishReason,
@@ -33,9 +30,13 @@ from server.core.types import (
     Sampling,
     Started,
     StructuredOutput,
+    TextPrompt,
     TokenLogprob,
     TokenPrompt,
 )
+from server.http import jsonio
+from server.http.context import RequestBounds
+from server.http.streaming import token_pieces
 
 # TGI launcher defaults (--max-best-of, --max-stop-sequences, --max-top-n-tokens).
 TGI_MAX_BEST_OF = 2
@@ -243,36 +244,45 @@ def to_structured(grammar: dict[str, Any] | None) -> StructuredOutput | None:
     )
 
 
-def to_generation_request(
-    plan: Plan, token_ids: Sequence[int], *, request_id: str, limits: Limits
-) -> GenerationRequest:
-    """Apply `truncate` (keep the last tokens) and TGI's length checks, then build the request."""
-    ids = list(token_ids)
-    if plan.truncate is not None and len(ids) > plan.truncate:
-        ids = ids[len(ids) - plan.truncate :]
-    input_length = len(ids)
-    max_new = plan.max_new_tokens
-    if max_new is None:
-        max_new = max(limits.max_total_tokens - input_length, 0)
-    if input_length + max_new > limits.max_total_tokens:
-        raise invalid(
-            f"`inputs` tokens + `max_new_tokens` must be <= {limits.max_total_tokens}. "
-            f"Given: {input_length} `inputs` tokens and {max_new} `max_new_tokens`",
-            "max_new_tokens",
-        )
-    if input_length > limits.max_input_tokens:
-        raise invalid(
-            f"`inputs` must have less than {limits.max_input_tokens} tokens. Given: {input_length}"
-        )
+def to_generation_request(plan: Plan, *, request_id: str) -> GenerationRequest:
+    """The request as planned; `fit_prompt` applies the rules that need its tokens."""
     return GenerationRequest(
         request_id=request_id,
         model=plan.adapter,
-        prompt=TokenPrompt(tuple(ids)),
-        sampling=replace(plan.sampling, max_new_tokens=max_new),
+        prompt=TextPrompt(plan.inputs),
+        sampling=plan.sampling,
         output=plan.output,
         stream=plan.stream,
         protocol="tgi",
     )
+
+
+def fit_prompt(plan: Plan, limits: Limits) -> PromptFit:
+    """Apply `truncate` (keep the last tokens) and TGI's length checks to the tokenized prompt."""
+
+    def fit(request: GenerationRequest, token_ids: Sequence[int]) -> GenerationRequest:
+        ids = tuple(token_ids)
+        if plan.truncate is not None and len(ids) > plan.truncate:
+            ids = ids[len(ids) - plan.truncate :]
+        input_length = len(ids)
+        max_new = plan.max_new_tokens
+        if max_new is None:
+            max_new = max(limits.max_total_tokens - input_length, 0)
+        if input_length + max_new > limits.max_total_tokens:
+            raise invalid(
+                f"`inputs` tokens + `max_new_tokens` must be <= {limits.max_total_tokens}. "
+                f"Given: {input_length} `inputs` tokens and {max_new} `max_new_tokens`",
+                "max_new_tokens",
+            )
+        if input_length > limits.max_input_tokens:
+            raise invalid(
+                f"`inputs` must have less than {limits.max_input_tokens} tokens. "
+                f"Given: {input_length}"
+            )
+        sampling = replace(request.sampling, max_new_tokens=max_new)
+        return replace(request, prompt=TokenPrompt(ids), sampling=sampling)
+
+    return fit
 
 
 # ---- responses -----------------------------------------------------------------------------
@@ -398,8 +408,9 @@ class StreamEncoder:
         self._generated = 0
         self._parts: list[str] = []
 
-    def events(self, delta: Delta, end: ChoiceEnd | None) -> list[dict[str, Any]]:
+    def events(self, delta: Delta) -> list[dict[str, Any]]:
         ids = delta.token_ids
+        end = delta if delta.finish is not None else None
         if not ids:
             self._parts.append(delta.text)
             return [self.final(end)] if end is not None else []
@@ -416,8 +427,8 @@ class StreamEncoder:
             for i, token_id in enumerate(ids)
         ]
 
-    def final(self, end: ChoiceEnd) -> dict[str, Any]:
-        """An end that came without a token of its own (an abort, or an engine that ends late)."""
+    def final(self, end: Delta) -> dict[str, Any]:
+        """An end that came without a token of its own (an abort, a stop string)."""
         eos = self._r.eos_token_id
         event = self._event(eos if eos is not None else 0, "", None, end, generated=False)
         event["token"]["special"] = True
@@ -428,7 +439,7 @@ class StreamEncoder:
         token_id: int,
         text: str,
         entry: TokenLogprob | None,
-        end: ChoiceEnd | None,
+        end: Delta | None,
         *,
         generated: bool = True,
     ) -> dict[str, Any]:
@@ -443,11 +454,11 @@ class StreamEncoder:
             event["top_tokens"] = _top(entry, self._r.eos_token_id)
         event["generated_text"] = None
         event["details"] = None
-        if end is not None:
+        if end is not None and end.finish is not None:
             event["generated_text"] = _text("".join(self._parts), self._r.plan)
             if self._r.plan.details:
                 event["details"] = {
-                    "finish_reason": finish_reason(end.reason, end.matched_stop),
+                    "finish_reason": finish_reason(end.finish, end.matched_stop),
                     "generated_tokens": self._generated,
                     "seed": self._r.plan.seed,
                     "input_length": self._input_length,

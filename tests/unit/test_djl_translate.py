@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from protocols._common.context import RequestBounds
 from protocols.djl import errors, translate
 from protocols.djl.schema import AdapterForm, LmiParameters, LmiRequest
 from server.core.errors import (
@@ -25,7 +23,6 @@ from server.core.errors import (
 )
 from server.core.types import (
     Choice,
-    ChoiceEnd,
     Delta,
     FinishReason,
     GenerationResult,
@@ -33,10 +30,12 @@ from server.core.types import (
     TokenLogprob,
     Usage,
 )
+from server.http.context import RequestBounds
+from tests.unit.demo_kit import unit_demo
 from tests.unit.gateway_kit import client, make_gateway
 
 BOUNDS = RequestBounds(max_n=4, max_best_of=4, max_stop_sequences=2, max_prompts=3)
-DEMO = Path(__file__).resolve().parents[2] / "build" / "demo"
+DEMO = unit_demo()
 
 
 def lmi(body: dict[str, Any]) -> LmiRequest:
@@ -184,7 +183,7 @@ def test_out_of_bounds_parameters_are_refused(params: dict[str, Any]) -> None:
      {"inputs": "x", "adapters": 3}],
 )
 def test_wrong_types_and_ranges_fail_validation(body: dict[str, Any]) -> None:
-    from protocols._common.http import parse_model
+    from server.http.body import parse_model
 
     with pytest.raises(InvalidRequest):
         parse_model(LmiRequest, body)
@@ -223,7 +222,7 @@ def choice(index: int, text: str, ids: tuple[int, ...], reason: FinishReason = F
 
 
 def result(*choices: Choice) -> GenerationResult:
-    return GenerationResult(request_id="r", model="", prompt=Started(prompt_token_ids=(1, 2)),
+    return GenerationResult(request_id="r", model="", prompts=(Started(prompt_token_ids=(1, 2)),),
                             choices=choices, usage=Usage(prompt_tokens=2, completion_tokens=2))
 
 
@@ -266,9 +265,8 @@ def test_stream_lines_put_text_on_the_last_token_and_close_with_generated_text()
         models=[""], bounds=BOUNDS,
     )
     encoder = translate.StreamEncoder(plan)
-    first = list(encoder.lines(Delta(choice=0, text="ab", token_ids=(1, 2)), None))
-    last = list(encoder.lines(Delta(choice=0, text="c", token_ids=(3,)),
-                              ChoiceEnd(choice=0, reason=FinishReason.STOP)))
+    first = list(encoder.lines(Delta(choice=0, text="ab", token_ids=(1, 2))))
+    last = list(encoder.lines(Delta(choice=0, text="c", token_ids=(3,), finish=FinishReason.STOP)))
     lines = [json.loads(x) for x in first + last]
     assert [line["token"]["text"] for line in lines] == ["", "ab", "c"]
     assert all(x.endswith(b"\n") and x.count(b"\n") == 1 for x in first + last)

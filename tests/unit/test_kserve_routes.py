@@ -13,16 +13,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-from starlette.applications import Starlette
 
-from protocols._common.context import ProtocolContext, RequestBounds
-from protocols.kserve_v2.routes import data_routes
+from protocols.kserve_v2.routes import routes
 from server.core.adapter_files import AdapterRules, BaseModelShape
 from server.core.adapters import AdapterLimits, AdapterRegistry
 from server.core.lifecycle import Lifecycle
 from server.core.service import InferenceService, Limits
-from server.engine.fake import FakeEngine, FakeScript
-from tests.serverproc import DEMO, ensure_assets
+from server.engines.fake import FakeEngine, FakeScript
+from server.http.app import ListenerApp
+from server.http.context import ProtocolContext, RequestBounds
+from tests.unit.demo_kit import unit_demo
+from tests.unit.gateway_kit import routes_app
 
 pytestmark = pytest.mark.anyio
 
@@ -34,21 +35,23 @@ class App:
         self.service = service
 
 
-async def build(script: FakeScript | None = None) -> tuple[Starlette, FakeEngine, InferenceService]:
-    ensure_assets()
+async def build(
+    script: FakeScript | None = None,
+) -> tuple[ListenerApp, FakeEngine, InferenceService]:
+    demo = unit_demo()
     engine = FakeEngine(script, model_name="tiny")
     lifecycle = Lifecycle()
     lifecycle.ready()
     rules = AdapterRules(
-        roots=(str(DEMO),), max_rank=8, base_names=frozenset({"tiny"}),
-        base_shape=BaseModelShape.from_model_dir(str(DEMO / "model")),
+        roots=(str(demo),), max_rank=8, base_names=frozenset({"tiny"}),
+        base_shape=BaseModelShape.from_model_dir(str(demo / "model")),
     )
     registry = AdapterRegistry(
         engine=engine, rules=rules,
         limits=AdapterLimits(enabled=True, max_loras=2, max_cpu_loras=4),
     )
     for name in ("a1", "a2"):
-        await registry.register(name, str(DEMO / "adapters" / name))
+        await registry.register(name, str(demo / "adapters" / name))
     service = InferenceService(
         engine=engine, adapters=registry, lifecycle=lifecycle, limits=Limits(),
         base_names=["tiny"],
@@ -57,7 +60,7 @@ async def build(script: FakeScript | None = None) -> tuple[Starlette, FakeEngine
         service=service, max_body_bytes=1 << 20, server_version="9.9.9",
         bounds=RequestBounds(max_stop_sequences=4),
     )
-    return Starlette(routes=data_routes(ctx)), engine, service
+    return routes_app(routes(ctx)), engine, service
 
 
 @pytest.fixture
@@ -476,4 +479,4 @@ async def test_gzip_request_bodies_are_inflated(app: App) -> None:
 
 
 def test_demo_assets_exist() -> None:
-    assert Path(DEMO / "adapters" / "a1").is_dir()
+    assert Path(unit_demo() / "adapters" / "a1").is_dir()

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocols._common.context import RequestBounds
 from protocols.kserve_v2 import errors, tensors
 from protocols.kserve_v2.models import ModelRef, model_config, model_metadata, resolve_model
 from protocols.kserve_v2.sampling import read_knobs, to_knobs
@@ -50,7 +49,6 @@ from server.core.errors import (
 )
 from server.core.types import (
     Choice,
-    ChoiceEnd,
     Delta,
     Done,
     FinishReason,
@@ -62,6 +60,7 @@ from server.core.types import (
     TopLogprob,
     Usage,
 )
+from server.http.context import RequestBounds
 
 BOUNDS = RequestBounds(max_n=4, max_stop_sequences=2, max_stop_length=8, max_logprobs=5)
 BASE = ModelRef("tiny")
@@ -90,8 +89,10 @@ def result(*texts: str, reason: FinishReason = FinishReason.LENGTH,
                logprobs=logprobs)
         for i, t in enumerate(texts)
     )
-    return GenerationResult(request_id="r", model="tiny", prompt=Started(prompt_token_ids=(1, 2)),
-                            choices=choices, usage=Usage(prompt_tokens=2, completion_tokens=3))
+    return GenerationResult(
+        request_id="r", model="tiny", prompts=(Started(prompt_token_ids=(1, 2)),),
+        choices=choices, usage=Usage(prompt_tokens=2, completion_tokens=3),
+    )
 
 
 # ---- binary tensor codec -------------------------------------------------------------------------
@@ -319,7 +320,7 @@ def test_text_call_defaults_follow_the_vllm_backend() -> None:
     assert call.prefix == "hello" and call.extras == () and not call.stream
     assert call.request.prompt == TextPrompt("hello")
     assert call.request.sampling.max_new_tokens == 16
-    assert call.request.model == "tiny" and call.request.protocol == "kserve_v2"
+    assert call.request.model == "tiny" and call.request.protocol == "kserve"
     excluded = text_call(prompt_inputs("hello", exclude_input_in_output=True), {}, target(),
                          route="generate")
     assert excluded.prefix == ""
@@ -498,8 +499,7 @@ def test_stream_folder_pairs_the_last_delta_with_done() -> None:
     folder = StreamFolder(call, {"model_name": "tiny", "model_version": "1"})
     assert folder.fold(Started(prompt_token_ids=(1,))) is None
     first = folder.fold(Delta(choice=0, text="a", token_ids=(3,)))
-    last = folder.fold((Delta(choice=0, text="b", token_ids=(4,)),
-                        ChoiceEnd(choice=0, reason=FinishReason.STOP)))
+    last = folder.fold(Delta(choice=0, text="b", token_ids=(4,), finish=FinishReason.STOP))
     assert first == {"model_name": "tiny", "model_version": "1", "text_output": "a",
                      "num_output_tokens": 1, "done": False}
     assert last == {"model_name": "tiny", "model_version": "1", "text_output": "b",

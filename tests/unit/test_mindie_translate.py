@@ -7,8 +7,6 @@ from typing import Any
 
 import pytest
 
-from protocols._common import jsonio
-from protocols._common.context import RequestBounds
 from protocols.mindie import errors, translate
 from protocols.mindie.schema import InferRequest, VllmGenerateRequest
 from server.core.errors import (
@@ -23,7 +21,6 @@ from server.core.errors import (
 )
 from server.core.types import (
     Choice,
-    ChoiceEnd,
     Delta,
     FinishReason,
     GenerationResult,
@@ -32,6 +29,8 @@ from server.core.types import (
     TokenPrompt,
     Usage,
 )
+from server.http import jsonio
+from server.http.context import RequestBounds
 
 
 def infer_plan(stream: bool = False, **parameters: Any) -> translate.InferPlan:
@@ -144,7 +143,7 @@ def result(*choices: Choice) -> GenerationResult:
     return GenerationResult(
         request_id="r",
         model="",
-        prompt=Started(prompt_token_ids=(1, 9)),
+        prompts=(Started(prompt_token_ids=(1, 9)),),
         choices=choices,
         usage=Usage(prompt_tokens=2, completion_tokens=3),
     )
@@ -175,12 +174,10 @@ def test_infer_stream_first_event_has_prefill_time_then_decode_times() -> None:
     encoder = translate.InferStreamEncoder(
         infer_plan(True, details=True), started_at=0.0, token_texts=texts
     )
-    first = encoder.events(Delta(choice=0, text=" a", token_ids=(10,)), None, 0.050)
-    second = encoder.events(Delta(choice=0, text=" b", token_ids=(11,)), None, 0.060)
+    first = encoder.events(Delta(choice=0, text=" a", token_ids=(10,)), 0.050)
+    second = encoder.events(Delta(choice=0, text=" b", token_ids=(11,)), 0.060)
     last = encoder.events(
-        Delta(choice=0, text=" c", token_ids=(12,)),
-        ChoiceEnd(choice=0, reason=FinishReason.STOP),
-        0.075,
+        Delta(choice=0, text=" c", token_ids=(12,), finish=FinishReason.STOP), 0.075
     )
     assert first == [{"prefill_time": 50.0, "decode_time": None, "token": {"id": 10, "text": " a"}}]
     assert second[0]["prefill_time"] is None and second[0]["decode_time"] == pytest.approx(10.0)
@@ -193,9 +190,7 @@ def test_infer_stream_first_event_has_prefill_time_then_decode_times() -> None:
 def test_infer_stream_details_are_null_without_details() -> None:
     encoder = translate.InferStreamEncoder(infer_plan(True), started_at=0.0, token_texts=texts)
     last = encoder.events(
-        Delta(choice=0, text="x", token_ids=(5,)),
-        ChoiceEnd(choice=0, reason=FinishReason.LENGTH),
-        0.01,
+        Delta(choice=0, text="x", token_ids=(5,), finish=FinishReason.LENGTH), 0.01
     )
     assert last[0]["details"] is None and last[0]["generated_text"] == "x"
 
@@ -204,8 +199,8 @@ def test_infer_stream_end_without_a_token_repeats_the_last_id() -> None:
     encoder = translate.InferStreamEncoder(
         infer_plan(True, details=True), started_at=0.0, token_texts=texts
     )
-    encoder.events(Delta(choice=0, text="x", token_ids=(5,)), None, 0.01)
-    final = encoder.final(ChoiceEnd(choice=0, reason=FinishReason.ABORT), 0.02)
+    encoder.events(Delta(choice=0, text="x", token_ids=(5,)), 0.01)
+    final = encoder.events(Delta(choice=0, text="", finish=FinishReason.ABORT), 0.02)[0]
     assert final["token"] == {"id": 5, "text": None}
     assert final["details"]["generated_tokens"] == 1
     assert final["details"]["finish_reason"] == "stop_sequence"

@@ -14,16 +14,14 @@ import httpx
 import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from starlette.applications import Starlette
-from starlette.routing import Route
 
-from protocols._common.context import ProtocolContext, RequestBounds
 from protocols.openai_v1 import errors, routes, schema, translate
 from server.core.adapter_files import AdapterRules
 from server.core.adapters import AdapterLimits, AdapterRegistry
 from server.core.errors import (
     AdapterExists,
     AdapterInvalid,
+    AdapterSourceMissing,
     ContextLengthExceeded,
     DeadlineExceeded,
     EngineError,
@@ -39,7 +37,6 @@ from server.core.service import InferenceService, Limits
 from server.core.types import (
     ChatPrompt,
     Choice,
-    ChoiceEnd,
     Delta,
     Done,
     FinishReason,
@@ -53,8 +50,10 @@ from server.core.types import (
     TopLogprob,
     Usage,
 )
-from server.engine.fake import FakeEngine, FakeScript
-from tests.unit.test_adapters import write_adapter
+from server.engines.fake import FakeEngine, FakeScript
+from server.http.context import ProtocolContext, RequestBounds
+from tests.unit.demo_kit import write_adapter
+from tests.unit.gateway_kit import routes_app
 
 BOUNDS = RequestBounds(max_n=4, max_stop_sequences=2, max_logprobs=5, max_prompts=3)
 META = translate.ReplyMeta(id="chatcmpl-abc", created=1730000000, model="a1")
@@ -274,8 +273,9 @@ def chat_events(n: int = 1) -> list[GenerationEvent]:
     for i in range(n):
         events += [
             Delta(choice=i, text="Hel", token_ids=(10,)),
-            Delta(choice=i, text="lo", token_ids=(11,)),
-            ChoiceEnd(choice=i, reason=FinishReason.STOP, matched_stop="\n"),
+            Delta(
+                choice=i, text="lo", token_ids=(11,), finish=FinishReason.STOP, matched_stop="\n"
+            ),
         ]
     events.append(Done(usage=Usage(prompt_tokens=3, completion_tokens=2 * n)))
     return events
@@ -285,22 +285,10 @@ def encode_all(encoder: Any, events: list[Any]) -> list[Any]:
     return sse_payloads(b"".join(encoder.encode(e) for e in events))
 
 
-def paired(events: list[GenerationEvent]) -> list[translate.StreamItem]:
-    """What `with_ends` makes of engine events: a last Delta and its ChoiceEnd as one item."""
-    items: list[translate.StreamItem] = []
-    for event in events:
-        last = items[-1] if items else None
-        if isinstance(event, ChoiceEnd) and isinstance(last, Delta) and last.choice == event.choice:
-            items[-1] = (last, event)
-        else:
-            items.append(event)
-    return items
-
-
 def test_chat_stream_matches_vllm_chunk_sequence() -> None:
     """Chunk for chunk what vLLM 0.32's own server sent for the same request (captured)."""
     view = translate.ChatView(meta=META, usage=translate.StreamUsage(include=True))
-    chunks = encode_all(translate.ChatStreamEncoder(view), paired(chat_events()))
+    chunks = encode_all(translate.ChatStreamEncoder(view), chat_events())
     head = {
         "id": "chatcmpl-abc",
         "object": "chat.completion.chunk",
@@ -357,7 +345,12 @@ def test_chat_stream_matches_vllm_chunk_sequence() -> None:
 
 
 def test_chat_stream_lone_end_is_an_empty_finish_chunk() -> None:
-    chunks = encode_all(translate.ChatStreamEncoder(translate.ChatView(meta=META)), chat_events())
+    events = [
+        Started(prompt_token_ids=(1,)),
+        Delta(choice=0, text="lo", token_ids=(11,)),
+        Delta(choice=0, text="", finish=FinishReason.STOP, matched_stop="\n"),
+    ]
+    chunks = encode_all(translate.ChatStreamEncoder(translate.ChatView(meta=META)), events)
     assert chunks[-1]["choices"] == [
         {
             "index": 0,
@@ -372,7 +365,7 @@ def test_chat_stream_lone_end_is_an_empty_finish_chunk() -> None:
 
 def test_chat_stream_without_include_usage_has_no_usage_chunk() -> None:
     chunks = encode_all(translate.ChatStreamEncoder(translate.ChatView(meta=META)), chat_events())
-    assert len(chunks) == 4
+    assert len(chunks) == 3  # role, "Hel", "lo" with its finish
     assert all(c["choices"] for c in chunks)
 
 
@@ -385,7 +378,7 @@ def test_chat_stream_continuous_usage_counts_per_choice() -> None:
     assert [c["choices"][0]["index"] for c in role_chunks] == [0, 1]
     assert all(c["usage"]["completion_tokens"] == 0 for c in role_chunks)
     second = [c for c in chunks if c["choices"] and c["choices"][0]["index"] == 1]
-    assert [c["usage"]["completion_tokens"] for c in second] == [0, 1, 2, 2]
+    assert [c["usage"]["completion_tokens"] for c in second] == [0, 1, 2]
     assert chunks[-1]["usage"] == {"prompt_tokens": 3, "total_tokens": 7, "completion_tokens": 4}
 
 
@@ -431,7 +424,7 @@ def chat_result(n: int = 1) -> GenerationResult:
     return GenerationResult(
         request_id="abc",
         model="a1",
-        prompt=Started(prompt_token_ids=(1, 2, 3)),
+        prompts=(Started(prompt_token_ids=(1, 2, 3)),),
         choices=choices,
         usage=Usage(prompt_tokens=3, completion_tokens=2 * n),
     )
@@ -496,7 +489,7 @@ def test_completion_response_has_every_vllm_field() -> None:
     result = GenerationResult(
         request_id="abc",
         model="tiny",
-        prompt=Started(prompt_token_ids=(1,)),
+        prompts=(Started(prompt_token_ids=(1,)),),
         choices=(Choice(index=0, text=" x", finish_reason=FinishReason.STOP, matched_stop=2),),
         usage=Usage(prompt_tokens=1, completion_tokens=1),
     )
@@ -548,7 +541,7 @@ def test_completion_echo_logprobs_cover_prompt_then_output() -> None:
     result = GenerationResult(
         request_id="abc",
         model="tiny",
-        prompt=started,
+        prompts=(started,),
         choices=(
             Choice(
                 index=0, text="cd", finish_reason=FinishReason.LENGTH, logprobs=(lp("cd", -0.25),)
@@ -582,23 +575,23 @@ def test_completion_stream_echoes_once_per_choice_and_tracks_offsets() -> None:
         echo_texts=("p0", "p1"),
         usage=translate.StreamUsage(include=True),
     )
-    items: list[translate.StreamItem] = [
+    items: list[GenerationEvent] = [
         Started(prompt_token_ids=(1, 2)),
         Delta(choice=0, text="x", token_ids=(3,), logprobs=(lp("x", -1.0),)),
         Delta(choice=1, text="y", token_ids=(4,), logprobs=(lp("y", -1.0),)),
-        (
-            Delta(choice=0, text="z", token_ids=(5,), logprobs=(lp("z", -1.0),)),
-            ChoiceEnd(choice=0, reason=FinishReason.LENGTH),
+        Delta(
+            choice=0, text="z", token_ids=(5,), logprobs=(lp("z", -1.0),),
+            finish=FinishReason.LENGTH,
         ),
-        ChoiceEnd(choice=1, reason=FinishReason.STOP, matched_stop=2),
+        Delta(choice=1, text="", finish=FinishReason.STOP, matched_stop=2),
         Done(usage=Usage(prompt_tokens=4, completion_tokens=3)),
     ]
     chunks = encode_all(translate.CompletionStreamEncoder(view), items)
     texts = [(c["choices"][0]["index"], c["choices"][0]["text"]) for c in chunks if c["choices"]]
     assert texts == [(0, "p0x"), (1, "p1y"), (0, "z"), (1, "")]
     assert chunks[0]["choices"][0]["prompt_token_ids"] == [1, 2]  # vLLM: with the echo
-    assert chunks[1]["choices"][0]["prompt_token_ids"] is None  # prompt 1's ids are unknown
-    # offsets are per choice; prompt 1's own rows are unknown in a batch, so it starts past it
+    assert chunks[1]["choices"][0]["prompt_token_ids"] is None  # no Started for prompt 1 here
+    # offsets are per choice; prompt 1's own rows are unknown without its Started: past it
     assert chunks[1]["choices"][0]["logprobs"]["text_offset"] == [2]
     assert chunks[2]["choices"][0]["logprobs"]["text_offset"] == [1]
     assert chunks[2]["choices"][0]["finish_reason"] == "length"
@@ -617,16 +610,36 @@ def test_completion_stream_echoes_once_per_choice_and_tracks_offsets() -> None:
         assert chunk["object"] == "text_completion"
 
 
+def test_completion_stream_of_a_batch_echoes_each_prompt_from_its_own_started() -> None:
+    view = translate.CompletionView(
+        meta=CMPL_META, n=1, echo=True, return_token_ids=True,
+        usage=translate.StreamUsage(include=True, continuous=True),
+    )
+    items: list[GenerationEvent] = [
+        Started(prompt_token_ids=(1, 2), prompt_text="p0"),
+        Started(prompt_token_ids=(7,), prompt_text="p1", prompt_index=1),
+        Delta(choice=1, text="y", token_ids=(4,), finish=FinishReason.LENGTH),
+        Delta(choice=0, text="x", token_ids=(3,), finish=FinishReason.LENGTH),
+        Done(usage=Usage(prompt_tokens=3, completion_tokens=2)),
+    ]
+    chunks = encode_all(translate.CompletionStreamEncoder(view), items)
+    by_choice = {c["choices"][0]["index"]: c for c in chunks if c["choices"]}
+    assert by_choice[0]["choices"][0]["text"] == "p0x"
+    assert by_choice[1]["choices"][0]["text"] == "p1y"
+    assert by_choice[0]["choices"][0]["prompt_token_ids"] == [1, 2]
+    assert by_choice[1]["choices"][0]["prompt_token_ids"] == [7]
+    # continuous usage counts each prompt's own tokens, known from its Started (no re-tokenizing)
+    assert by_choice[1]["usage"]["prompt_tokens"] == 1
+    assert by_choice[0]["usage"]["prompt_tokens"] == 2
+
+
 def test_completion_stream_chunks_carry_vllms_fields() -> None:
     """Chunk for chunk what vLLM 0.32's own server sent (captured), usage chunk included."""
     view = translate.CompletionView(meta=CMPL_META, usage=translate.StreamUsage(include=True))
-    items: list[translate.StreamItem] = [
+    items: list[GenerationEvent] = [
         Started(prompt_token_ids=(1,)),
         Delta(choice=0, text=" 7", token_ids=(3,)),
-        (
-            Delta(choice=0, text="ello", token_ids=(4,)),
-            ChoiceEnd(choice=0, reason=FinishReason.LENGTH),
-        ),
+        Delta(choice=0, text="ello", token_ids=(4,), finish=FinishReason.LENGTH),
         Done(usage=Usage(prompt_tokens=1, completion_tokens=2)),
     ]
     head = {"id": "cmpl-abc", "object": "text_completion", "created": 1730000000, "model": "tiny"}
@@ -674,7 +687,7 @@ def test_completion_echo_without_generation_returns_prompt_only() -> None:
     result = GenerationResult(
         request_id="r",
         model="tiny",
-        prompt=Started(prompt_token_ids=(1, 2)),
+        prompts=(Started(prompt_token_ids=(1, 2)),),
         choices=(Choice(index=0, text="more", finish_reason=FinishReason.LENGTH),),
         usage=Usage(prompt_tokens=2, completion_tokens=1),
     )
@@ -752,9 +765,11 @@ def test_stream_error_is_one_event_then_done() -> None:
 
 def test_load_error_mapping_follows_vllm() -> None:
     assert isinstance(routes._load_error(AdapterExists("x"), "a", "/p"), errors.InvalidUserInput)
-    missing = routes._load_error(AdapterInvalid("No adapter found at 'x'"), "a", "/p")
+    missing = routes._load_error(AdapterSourceMissing("No adapter found at 'x'"), "a", "/p")
     assert isinstance(missing, errors.LoraPathNotFound)
     assert missing.message == "Loading lora a failed: No adapter found for /p"
+    worded_alike = AdapterInvalid("No adapter found, says the message, but the files are bad")
+    assert routes._load_error(worded_alike, "a", "/p") is worded_alike  # the type decides
     rank = AdapterInvalid("LoRA rank 16 is greater than max_lora_rank 8.")
     assert routes._load_error(rank, "a", "/p") is rank
     conflict = routes._load_error(InvalidRequest("conflicts with a served base model"), "a", "/p")
@@ -790,8 +805,7 @@ def make_context(
 
 
 async def client_for(ctx: ProtocolContext) -> httpx.AsyncClient:
-    tokenize = Route("/tokenize", routes.tokenize(ctx), methods=["POST"])  # shared path upstream
-    app = Starlette(routes=[*routes.data_routes(ctx), tokenize])
+    app = routes_app(routes.routes(ctx))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 
@@ -1061,3 +1075,11 @@ def test_structured_output_fields_map_to_the_core(
         {"messages": [{"role": "user", "content": "x"}], **fields}
     )
     assert translate.to_structured(body) == expected
+
+
+@pytest.mark.parametrize("text", ["", "Hello", 'say "hi"\\n', "é€😀", "\x00\x1f", "a" * 300])
+def test_text_only_chat_chunk_is_byte_for_byte_the_general_chunk(text: str) -> None:
+    writer = translate._ChunkWriter(META, "chat.completion.chunk")
+    choice = {"index": 3, "delta": {"content": text}, "logprobs": None,
+              "finish_reason": None, "token_ids": None}
+    assert writer.text_chunk(3, text) == writer.chunk(choice)

@@ -6,43 +6,40 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator
-from typing import cast
 
 import httpx
 import pytest
-from starlette.applications import Starlette
-from starlette.routing import Route
 
-from protocols._common.context import ProtocolContext
+from protocols.mindie import errors as mindie_errors
 from protocols.mindie import routes as mindie
-from protocols.mindie import translate as mindie_translate
 from protocols.tgi import routes as tgi
-from protocols.tgi import translate as tgi_translate
-from protocols.tgi.schema import GenerateRequest, Parameters
 from server.core.adapter_files import AdapterRules, BaseModelShape
 from server.core.adapters import AdapterLimits, AdapterRegistry
 from server.core.lifecycle import Lifecycle
 from server.core.service import InferenceService, Limits
-from server.engine.fake import FakeEngine, FakeScript
-from tests.serverproc import DEMO, ensure_assets
+from server.engines.fake import FakeEngine, FakeScript
+from server.http.app import ListenerApp
+from server.http.context import ProtocolContext
+from server.http.routes import RouteList
+from tests.unit.demo_kit import unit_demo
+from tests.unit.gateway_kit import routes_app
 
 pytestmark = pytest.mark.anyio
 
 
 def build(
     script: FakeScript | None = None, *, ready: bool = True, limits: Limits | None = None
-) -> tuple[Starlette, FakeEngine, InferenceService]:
-    ensure_assets()
+) -> tuple[ListenerApp, FakeEngine, InferenceService]:
+    demo = unit_demo()
     engine = FakeEngine(script, model_name="tiny")
     lifecycle = Lifecycle()
     if ready:
         lifecycle.ready()
     rules = AdapterRules(
-        roots=(str(DEMO),),
+        roots=(str(demo),),
         max_rank=8,
         base_names=frozenset({"tiny"}),
-        base_shape=BaseModelShape.from_model_dir(str(DEMO / "model")),
+        base_shape=BaseModelShape.from_model_dir(str(demo / "model")),
     )
     registry = AdapterRegistry(
         engine=engine, rules=rules, limits=AdapterLimits(enabled=True, max_loras=2, max_cpu_loras=4)
@@ -55,16 +52,13 @@ def build(
         base_names=["tiny"],
     )
     ctx = ProtocolContext(service=service, max_body_bytes=1 << 20)
-    routes = [
-        *tgi.data_routes(ctx),
-        *mindie.data_routes(ctx),
-        Route("/generate", tgi.generate(ctx), methods=["POST"]),
-        Route("/mindie_generate", mindie.vllm_generate(ctx), methods=["POST"]),
-    ]
-    return Starlette(routes=routes), engine, service
+    mindie_generate = RouteList(owner="mindie", render=mindie_errors.render)
+    mindie_generate.post("/mindie_generate", mindie.vllm_generate(ctx))
+    routes = [*tgi.routes(ctx), *mindie.routes(ctx), *mindie_generate.routes]
+    return routes_app(routes), engine, service
 
 
-def client(app: Starlette) -> httpx.AsyncClient:
+def client(app: ListenerApp) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
 
 
@@ -148,7 +142,7 @@ async def test_unknown_adapter_never_reaches_the_engine() -> None:
             "/generate", json={"inputs": "a", "parameters": {"adapter_id": "nope"}}
         )
     assert response.status_code == 422 and response.json()["error_type"] == "validation"
-    assert engine.requests == []
+    assert not engine.requests
 
 
 async def test_infer_uses_the_body_id_as_request_id() -> None:
@@ -167,29 +161,3 @@ async def test_tgi_stream_final_event_is_the_last_token() -> None:
     events = frames(response.text)
     assert len(events) == 3 and all(e["generated_text"] is None for e in events[:2])
     assert events[-1]["generated_text"] == "".join(e["token"]["text"] for e in events)
-
-
-@pytest.mark.parametrize("protocol", ["tgi", "mindie"])
-async def test_closing_a_stream_early_aborts_the_engine_request(protocol: str) -> None:
-    """What StreamResponse does when the client goes away: close the producer."""
-    _, engine, service = build(FakeScript(hang_after=2))
-    limits = tgi_translate.Limits(max_input_tokens=511, max_total_tokens=512)
-    body = GenerateRequest(inputs="a b", parameters=Parameters(max_new_tokens=50))
-    plan = tgi_translate.plan(body, limits, stream=True)
-    request = tgi_translate.to_generation_request(plan, [5, 6], request_id="r-x", limits=limits)
-    events = await service.start(request)
-    producer: AsyncGenerator[bytes, None]
-    if protocol == "tgi":
-        rendering = tgi_translate.Rendering(plan=plan, eos_token_id=2)
-        producer = tgi._sse(events, rendering, engine.token_texts)
-    else:
-        infer = mindie_translate.InferPlan(request=request, details=False, seed=None)
-        producer = cast(
-            AsyncGenerator[bytes, None],
-            mindie._infer_events(events, infer, 0.0, engine.token_texts, 2),
-        )
-    assert (await anext(producer)).startswith(b"data: ")
-    await anext(producer)
-    await producer.aclose()
-    assert engine.aborted and service.admission.running == 0
-    assert not service.is_active("r-x")

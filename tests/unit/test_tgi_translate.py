@@ -1,17 +1,12 @@
 """TGI translation and error table, without a server: validation bounds and messages, sampling
-decisions, response and stream shapes, /tokenize offsets, /info, and the lookahead pairing."""
+decisions, response and stream shapes, /tokenize offsets and /info."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from protocols._common import jsonio
-from protocols._common.context import RequestBounds
-from protocols._common.lookahead import EndCandidates, with_ends
 from protocols.tgi import errors, translate
 from protocols.tgi.schema import GenerateRequest
 from server.core.errors import (
@@ -26,20 +21,21 @@ from server.core.errors import (
 )
 from server.core.types import (
     Choice,
-    ChoiceEnd,
     Delta,
-    Done,
     EngineInfo,
     FinishReason,
-    GenerationEvent,
+    GenerationRequest,
     GenerationResult,
     Started,
     StructuredOutput,
+    TextPrompt,
     TokenLogprob,
     TokenPrompt,
     TopLogprob,
     Usage,
 )
+from server.http import jsonio
+from server.http.context import RequestBounds
 
 LIMITS = translate.Limits(max_input_tokens=511, max_total_tokens=512)
 EOS = 2
@@ -183,33 +179,34 @@ def test_best_of_runs_as_n_choices_with_logprobs() -> None:
     assert plan.sampling.n == 2 and plan.output.logprobs == 0
 
 
+def fitted(plan: translate.Plan, token_ids: list[int]) -> GenerationRequest:
+    """The request as the service runs it: planned, then fitted to its tokenized prompt."""
+    request = translate.to_generation_request(plan, request_id="r")
+    return translate.fit_prompt(plan, LIMITS)(request, token_ids)
+
+
 def test_adapter_id_becomes_the_model() -> None:
-    request = translate.to_generation_request(
-        plan_of(adapter_id="a1"), [1, 5, 6], request_id="r", limits=LIMITS
-    )
+    request = translate.to_generation_request(plan_of(adapter_id="a1"), request_id="r")
     assert request.model == "a1" and request.protocol == "tgi"
+    assert request.prompt == TextPrompt("Hello")  # tokenized after admission, not before
 
 
 # ---- lengths ------------------------------------------------------------------------------------
 
 
 def test_truncate_keeps_the_last_tokens() -> None:
-    request = translate.to_generation_request(
-        plan_of(truncate=2), [1, 5, 6, 7], request_id="r", limits=LIMITS
-    )
+    request = fitted(plan_of(truncate=2), [1, 5, 6, 7])
     assert request.prompt == TokenPrompt((6, 7))
 
 
 def test_max_new_tokens_defaults_to_the_rest_of_the_context() -> None:
-    request = translate.to_generation_request(plan_of(), [1, 5, 6], request_id="r", limits=LIMITS)
+    request = fitted(plan_of(), [1, 5, 6])
     assert request.sampling.max_new_tokens == 509
 
 
 def test_inputs_plus_max_new_tokens_over_the_total_is_refused() -> None:
     with pytest.raises(InvalidRequest) as caught:
-        translate.to_generation_request(
-            plan_of(max_new_tokens=510), [1, 5, 6], request_id="r", limits=LIMITS
-        )
+        fitted(plan_of(max_new_tokens=510), [1, 5, 6])
     assert caught.value.message == (
         "`inputs` tokens + `max_new_tokens` must be <= 512. Given: 3 `inputs` tokens and 510 "
         "`max_new_tokens`"
@@ -219,7 +216,7 @@ def test_inputs_plus_max_new_tokens_over_the_total_is_refused() -> None:
 def test_inputs_longer_than_the_input_limit_are_refused() -> None:
     expected = r"`inputs` must have less than 511 tokens\. Given: 512"
     with pytest.raises(InvalidRequest, match=expected):
-        translate.to_generation_request(plan_of(), [1] * 512, request_id="r", limits=LIMITS)
+        fitted(plan_of(), [1] * 512)
 
 
 # ---- responses ----------------------------------------------------------------------------------
@@ -237,7 +234,7 @@ def result(
         request_id="r",
         model="",
         choices=choices,
-        prompt=Started(prompt_token_ids=(1, 9), prompt_logprobs=prompt_logprobs),
+        prompts=(Started(prompt_token_ids=(1, 9), prompt_logprobs=prompt_logprobs),),
         usage=Usage(prompt_tokens=2, completion_tokens=2),
     )
 
@@ -342,11 +339,8 @@ def test_stream_events_end_with_the_generated_text_and_details() -> None:
     encoder = translate.StreamEncoder(
         rendering(plan_of(True, details=True, seed=4)), input_length=2, token_texts=texts
     )
-    first = encoder.events(Delta(choice=0, text=" a", token_ids=(10,)), None)
-    last = encoder.events(
-        Delta(choice=0, text=" b", token_ids=(11,)),
-        ChoiceEnd(choice=0, reason=FinishReason.LENGTH),
-    )
+    first = encoder.events(Delta(choice=0, text=" a", token_ids=(10,)))
+    last = encoder.events(Delta(choice=0, text=" b", token_ids=(11,), finish=FinishReason.LENGTH))
     assert first == [
         {
             "index": 1,
@@ -366,15 +360,13 @@ def test_stream_events_end_with_the_generated_text_and_details() -> None:
 
 def test_stream_details_are_null_without_details() -> None:
     encoder = translate.StreamEncoder(rendering(plan_of(True)), input_length=2, token_texts=texts)
-    last = encoder.events(
-        Delta(choice=0, text="x", token_ids=(5,)), ChoiceEnd(choice=0, reason=FinishReason.STOP)
-    )
+    last = encoder.events(Delta(choice=0, text="x", token_ids=(5,), finish=FinishReason.STOP))
     assert last[0]["generated_text"] == "x" and last[0]["details"] is None
 
 
 def test_a_merged_delta_gives_one_event_per_token_and_keeps_the_text_whole() -> None:
     encoder = translate.StreamEncoder(rendering(plan_of(True)), input_length=2, token_texts=texts)
-    events = encoder.events(Delta(choice=0, text="héllo", token_ids=(5, 6, 7)), None)
+    events = encoder.events(Delta(choice=0, text="héllo", token_ids=(5, 6, 7)))
     assert [e["token"]["id"] for e in events] == [5, 6, 7]
     assert [e["token"]["text"] for e in events] == ["", "", "héllo"]
     assert [e["index"] for e in events] == [1, 2, 3]
@@ -382,7 +374,7 @@ def test_a_merged_delta_gives_one_event_per_token_and_keeps_the_text_whole() -> 
 
 def test_a_merged_delta_gives_each_token_its_own_text_when_they_join_up() -> None:
     encoder = translate.StreamEncoder(rendering(plan_of(True)), input_length=2, token_texts=texts)
-    events = encoder.events(Delta(choice=0, text="<5><6>", token_ids=(5, 6)), None)
+    events = encoder.events(Delta(choice=0, text="<5><6>", token_ids=(5, 6)))
     assert [e["token"]["text"] for e in events] == ["<5>", "<6>"]
 
 
@@ -391,7 +383,7 @@ def test_a_merged_delta_prefers_the_logprob_texts() -> None:
     delta = Delta(
         choice=0, text=" a b", token_ids=(10, 11), logprobs=(lp(10, " a", -1.0), lp(11, " b", -2.0))
     )
-    events = encoder.events(delta, None)
+    events = encoder.events(delta)
     assert [(e["token"]["text"], e["token"]["logprob"]) for e in events] == [
         (" a", -1.0),
         (" b", -2.0),
@@ -402,8 +394,10 @@ def test_an_end_without_a_token_closes_the_stream_with_a_special_token() -> None
     encoder = translate.StreamEncoder(
         rendering(plan_of(True, details=True)), input_length=2, token_texts=texts
     )
-    encoder.events(Delta(choice=0, text="x", token_ids=(5,)), None)
-    final = encoder.final(ChoiceEnd(choice=0, reason=FinishReason.STOP, matched_stop="y"))
+    encoder.events(Delta(choice=0, text="x", token_ids=(5,)))
+    final = encoder.events(
+        Delta(choice=0, text="", finish=FinishReason.STOP, matched_stop="y")
+    )[0]
     assert final["token"]["special"] is True and final["generated_text"] == "x"
     assert final["details"]["finish_reason"] == "stop_sequence"
     assert final["details"]["generated_tokens"] == 1
@@ -417,7 +411,6 @@ def test_top_n_tokens_appear_in_stream_events() -> None:
         Delta(
             choice=0, text=" a", token_ids=(10,), logprobs=(lp(10, " a", -0.5, (10, " a", -0.5)),)
         ),
-        None,
     )
     assert events[0]["token"]["logprob"] == -0.5
     assert events[0]["top_tokens"] == [{"id": 10, "text": " a", "logprob": -0.5, "special": False}]
@@ -514,90 +507,3 @@ def test_stream_error_is_one_sse_event() -> None:
         "error": "Request failed during generation: boom",
         "error_type": "generation",
     }
-
-
-# ---- lookahead ----------------------------------------------------------------------------------
-
-
-async def scripted(*steps: GenerationEvent | float) -> AsyncIterator[GenerationEvent]:
-    for step in steps:
-        if isinstance(step, float):
-            await asyncio.sleep(step)
-        else:
-            yield step
-
-
-async def drain(events: AsyncIterator[GenerationEvent]) -> list[object]:
-    return [item async for item in with_ends(events)]
-
-
-@pytest.mark.anyio
-async def test_lookahead_pairs_a_last_delta_with_its_immediate_end() -> None:
-    first, last = (
-        Delta(choice=0, text="a", token_ids=(1,)),
-        Delta(choice=0, text="b", token_ids=(2,)),
-    )
-    end = ChoiceEnd(choice=0, reason=FinishReason.LENGTH)
-    done = Done(usage=Usage(prompt_tokens=1, completion_tokens=2))
-    started = Started(prompt_token_ids=(1,))
-    items = await drain(scripted(started, first, 0.01, last, end, done))
-    assert items == [started, first, (last, end), done]
-
-
-@pytest.mark.anyio
-async def test_lookahead_lets_a_late_end_come_alone() -> None:
-    delta = Delta(choice=0, text="a", token_ids=(1,))
-    end = ChoiceEnd(choice=0, reason=FinishReason.STOP)
-    assert await drain(scripted(delta, 0.01, end)) == [delta, end]
-
-
-@pytest.mark.anyio
-async def test_lookahead_does_not_hold_back_a_delta() -> None:
-    gate = asyncio.Event()
-
-    async def events() -> AsyncIterator[GenerationEvent]:
-        yield Delta(choice=0, text="a", token_ids=(1,))
-        await gate.wait()
-        yield ChoiceEnd(choice=0, reason=FinishReason.STOP)
-
-    paired = with_ends(events())
-    first = await asyncio.wait_for(paired.__anext__(), 1.0)
-    assert isinstance(first, Delta)
-    gate.set()
-    assert isinstance(await paired.__anext__(), ChoiceEnd)
-    await paired.aclose()
-
-
-@pytest.mark.anyio
-async def test_lookahead_propagates_errors() -> None:
-    async def failing() -> AsyncIterator[GenerationEvent]:
-        yield Delta(choice=0, text="a", token_ids=(1,))
-        raise EngineError("boom")
-
-    with pytest.raises(EngineError):
-        await drain(failing())
-
-
-@pytest.mark.anyio
-async def test_lookahead_only_peeks_deltas_that_may_end() -> None:
-    never = [
-        Delta(choice=0, text="a", token_ids=(1,)),
-        ChoiceEnd(choice=0, reason=FinishReason.STOP),
-    ]
-    items = [item async for item in with_ends(scripted(*never), lambda delta: False)]
-    assert items == never
-
-
-def test_end_candidates_flag_the_limit_stop_tokens_and_stop_strings() -> None:
-    may_end = EndCandidates(max_new_tokens=3, stop_token_ids=(EOS, None), stop_strings=False)
-    assert not may_end(Delta(choice=0, text="a", token_ids=(5, 6)))
-    assert may_end(Delta(choice=0, text="", token_ids=(EOS,)))
-    fresh = EndCandidates(max_new_tokens=3, stop_token_ids=(), stop_strings=False)
-    assert [fresh(Delta(choice=0, text="a", token_ids=(7,))) for _ in range(3)] == [
-        False,
-        False,
-        True,
-    ]
-    assert EndCandidates(max_new_tokens=None, stop_token_ids=(), stop_strings=True)(
-        Delta(choice=0, text="a", token_ids=(7,))
-    )

@@ -16,10 +16,6 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocols._common import jsonio
-from protocols._common.context import RequestBounds
-from protocols._common.http import decode_json, parse_model
-from protocols._common.streaming import sse_event
 from protocols.djl import schema as djl_schema
 from protocols.djl import translate as djl
 from protocols.kserve_v2 import schema as kserve_schema
@@ -33,6 +29,10 @@ from protocols.tgi import schema as tgi_schema
 from protocols.tgi import translate as tgi
 from server.core.errors import GatewayError, InvalidRequest
 from server.core.types import GenerationRequest, Sampling
+from server.http import jsonio
+from server.http.body import decode_json, parse_model
+from server.http.context import RequestBounds
+from server.http.streaming import sse_event
 
 BOUNDS = RequestBounds()
 MAX_MODEL_LEN = 512
@@ -187,8 +187,9 @@ def tgi_generate(data: Any, *, stream: bool) -> list[GenerationRequest]:
     limits = tgi.Limits.of(BOUNDS, MAX_MODEL_LEN)
     body = parse_model(tgi_schema.GenerateRequest, data)
     plan = tgi.plan(body, limits, stream=stream)
-    token_ids = list(range(min(len(body.inputs), 600)))  # the route tokenizes here
-    return [tgi.to_generation_request(plan, token_ids, request_id="r", limits=limits)]
+    token_ids = list(range(min(len(body.inputs), 600)))  # the service tokenizes these
+    request = tgi.to_generation_request(plan, request_id="r")
+    return [tgi.fit_prompt(plan, limits)(request, token_ids)]
 
 
 TGI_PARAMETERS = {
