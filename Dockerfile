@@ -69,7 +69,7 @@ STOPSIGNAL SIGTERM
 # Liveness on the management listener (mTLS with the mounted probe certificate). It stays 200
 # while draining; readiness (/v2/health/ready) is what load balancers should watch.
 HEALTHCHECK --interval=30s --timeout=10s --start-period=300s --retries=3 \
-    CMD python -m server.healthcheck --url "https://127.0.0.1:${MANAGEMENT_PORT}/v2/health/live" \
+    CMD python -m server.dev.healthcheck --url "https://127.0.0.1:${MANAGEMENT_PORT}/v2/health/live" \
         --ca /certs/ca.pem --cert /certs/client.pem --key /certs/client.key
 ENTRYPOINT ["llm-gateway"]
 CMD ["--config", "/etc/llm-gateway/config.json"]

@@ -12,9 +12,10 @@ from typing import Any
 
 import uvloop
 
-from server.engines import create_engine
-from server.logs import configure_logging
-from server.runtime import serve
+from server.engines.factory import create_engine
+from server.observability.logs import configure_logging
+from server.runtime.limits import UnsupportedUvicorn
+from server.runtime.process import serve
 from server.settings import SettingsError, load_settings, redacted
 
 logger = logging.getLogger("gateway")
@@ -91,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"llm-gateway: configuration error:\n{exc}\n")
         return 2
     settings = loaded.settings
-    configure_logging(settings.logging)
+    configure_logging(settings.logging.level, json_format=settings.logging.json_format)
     json_logs = settings.logging.json_format
     for key, value in engine_environment(
         settings.model.kv_cache_space_gib, json_logs=json_logs
@@ -103,4 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return uvloop.run(serve(settings, create_engine))
     except SettingsError as exc:
         sys.stderr.write(f"llm-gateway: configuration error:\n{exc}\n")
+        return 2
+    except UnsupportedUvicorn as exc:
+        sys.stderr.write(f"llm-gateway: {exc}\n")
         return 2

@@ -1,81 +1,74 @@
-"""Assembly: settings + engine → service, registry, lifecycle, metrics → one ASGI app per listener.
+"""Assembly: settings + engine → one `Gateway` whose parts are all built here, once.
 
-Every protocol package exposes `routes.data_routes(ctx)` (inference and its own health/info
-routes) and may expose `routes.management_routes(ctx)` (adapter management). Paths that several
-protocols claim are dispatched here by the keys of the JSON body. The management listener adds
-the control router (server/control.py), the metrics listener `/metrics` and `/metrics-json`.
+The protocols come from `protocols.REGISTRY` (never by name): each spec's routes, plus the
+control plane's and the metrics routes, make every listener's routing table; a listener app
+serves the routes of the roles it has (data, management, metrics; several roles may share one
+address). Nothing here is changed after `build_gateway` returns.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.responses import PlainTextResponse, Response
+from starlette.types import Scope
 
-from protocols._common.context import ProtocolContext, RequestBounds
-from protocols._common.guard import Endpoint
-from protocols._common.replay import body_dispatch, has_key
-from protocols.djl import routes as djl
-from protocols.kserve_v2 import routes as kserve_v2
-from protocols.mindie import routes as mindie
-from protocols.openai_v1 import routes as openai_v1
-from protocols.tgi import routes as tgi
-from server import __version__, control, workflows
+import protocols
+from server import __version__
+from server.control import openapi
+from server.control import routes as control
+from server.core import workflows
 from server.core.adapter_files import AdapterRules, BaseModelShape
 from server.core.adapters import AdapterLimits, AdapterRegistry
+from server.core.admission import Admission, Limits
 from server.core.engine import Engine
-from server.core.lifecycle import Lifecycle
-from server.core.service import InferenceService, Limits, RequestObserver
-from server.logs import RequestLog
-from server.metrics import (
-    SCOPE_PROTOCOL,
-    GatewayMetrics,
-    HttpMetricsMiddleware,
-    protocol_label,
-)
-from server.metrics import (
-    metrics_routes as metrics_endpoints,
-)
-from server.middleware import RequestIdMiddleware
-from server.openapi import openapi_routes
-from server.security import protect, route_table
-from server.settings import Settings, resolve_path
+from server.core.lifecycle import Lifecycle, Shutdown, State
+from server.core.service import InferenceService
+from server.core.stream import RequestObserver
+from server.http.app import Fallback, ListenerApp
+from server.http.auth import Keyring
+from server.http.context import ProtocolContext, RequestBounds
+from server.http.router import Router
+from server.http.routes import DATA, LISTENERS, MANAGEMENT, Access, Route
+from server.observability import metrics as metrics_routes
+from server.observability.logs import RequestLog
+from server.observability.metrics import GatewayMetrics, LiveState
+from server.settings import Settings, redacted, resolve_path
 
 logger = logging.getLogger("gateway")
-PROTOCOLS = (openai_v1, tgi, kserve_v2, mindie, djl)
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Gateway:
     settings: Settings
     engine: Engine
     lifecycle: Lifecycle
+    shutdown: Shutdown
     adapters: AdapterRegistry
     service: InferenceService
-    context: ProtocolContext
     metrics: GatewayMetrics
+    routes: tuple[Route, ...]  # every route of every listener
     registries: tuple[CollectorRegistry, ...]  # /metrics: the engine's (vllm:) first, then ours
-    stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
-    force_requested: asyncio.Event = field(default_factory=asyncio.Event)
-    drained: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def request_stop(self, *, force: bool = False) -> None:
-        """SIGTERM, SIGINT and GET /stopService all land here. Readiness turns 503 at once;
-        the runtime then drains (server/runtime.py `drain`) and sets `drained`. Force aborts
-        in-flight requests now instead of waiting for them. Calling it again is harmless."""
-        self.lifecycle.begin_drain()
-        if force:
-            self.force_requested.set()
-        self.stop_requested.set()
+    def app(self, roles: tuple[str, ...]) -> ListenerApp:
+        """The app of a listener serving `roles` (one address may serve several)."""
+        served = [route for route in self.routes if route.listeners & set(roles)]
+        max_body = self.settings.server.max_request_bytes
+        security = self.settings.security
+        lifecycle = self.lifecycle
+        return ListenerApp(
+            Router(served, max_body_bytes=max_body),
+            _fallback(roles),
+            max_body_bytes=max_body,
+            keyring=Keyring(security.api_keys, security.admin_keys),
+            observer=self.metrics,
+            closing=lambda: lifecycle.state is not State.READY,
+        )
 
 
 def build_gateway(
@@ -83,61 +76,163 @@ def build_gateway(
     engine: Engine,
     *,
     lifecycle: Lifecycle | None = None,
+    shutdown: Shutdown | None = None,
     observer: RequestObserver | None = None,
 ) -> Gateway:
     lifecycle = lifecycle or Lifecycle()
-    info = engine.info()
-    model = settings.model
-    base_names = [
-        model.name,
-        *([info.model_name] if info.model_name != model.name else []),
-    ]
+    shutdown = shutdown or Shutdown(lifecycle)
+    base_names = _base_names(settings, engine)
     adapters = AdapterRegistry(
-        engine=engine,
-        rules=adapter_rules(settings, base_names),
-        limits=(
-            AdapterLimits(
-                enabled=settings.lora.enabled,
-                max_loras=settings.lora.max_loras,
-                max_cpu_loras=settings.lora.max_cpu_loras or settings.lora.max_loras,
-            )
-        ),
+        engine=engine, rules=adapter_rules(settings, base_names), limits=_adapter_limits(settings)
     )
+    limits = service_limits(settings)
+    admission = Admission(limits)
     registry = CollectorRegistry()
-    logging_settings = settings.logging
     metrics = GatewayMetrics(
         registry,
+        protocols=[spec.name for spec in protocols.REGISTRY],
+        live=LiveState(lifecycle, admission, adapters),
         request_log=RequestLog(
-            log_prompts=logging_settings.log_prompts,
-            level=logging.INFO if logging_settings.access_log else logging.DEBUG,
+            log_prompts=settings.logging.log_prompts,
+            level=logging.INFO if settings.logging.access_log else logging.DEBUG,
         ),
+        access_log=settings.logging.access_log,
     )
     service = InferenceService(
         engine=engine,
         adapters=adapters,
         lifecycle=lifecycle,
-        limits=service_limits(settings),
+        admission=admission,
+        limits=limits,
         base_names=base_names,
         observer=observer or metrics,
     )
-    metrics.bind(service)
-    context = ProtocolContext(
+    registries = (REGISTRY, registry)
+    routes = _routes(settings, service, metrics, registries, shutdown)
+    return Gateway(
+        settings=settings,
+        engine=engine,
+        lifecycle=lifecycle,
+        shutdown=shutdown,
+        adapters=adapters,
+        service=service,
+        metrics=metrics,
+        routes=routes,
+        registries=registries,
+    )
+
+
+def _routes(
+    settings: Settings,
+    service: InferenceService,
+    metrics: GatewayMetrics,
+    registries: tuple[CollectorRegistry, ...],
+    shutdown: Shutdown,
+) -> tuple[Route, ...]:
+    """Every protocol's routes, the control plane's and the metrics routes."""
+    context = protocol_context(settings, service)
+    built: list[Route] = [r for spec in protocols.REGISTRY for r in spec.routes(context)]
+    documents: dict[str, dict[str, Any]] = {}
+    built += control.routes(
+        control.ControlContext(
+            service=service,
+            config=_config_facts(settings),
+            shutdown=shutdown,
+            openapi=documents.get,
+        )
+    )
+    management = settings.server.management
+    built += metrics_routes.routes(
+        service,
+        metrics,
+        registries=registries,
+        instance=f"{management.host}:{management.port}",
+        guard=lambda: control.unavailable(service.lifecycle),
+        render=control.render,
+    )
+    for listener in LISTENERS:  # the documents describe the routes as built
+        routes = [route for route in built if listener in route.listeners]
+        documents[listener] = openapi.openapi_document(
+            listener, routes, listener_url(settings, listener)
+        )
+    return tuple(built)
+
+
+def live_paths() -> frozenset[str]:
+    """GET paths that answer 200 while the engine starts: every liveness probe."""
+    specs = frozenset(path for spec in protocols.REGISTRY for path in spec.live_paths)
+    return specs | control.LIVE_PATHS
+
+
+def _fallback(roles: tuple[str, ...]) -> Fallback:
+    """What answers for paths no route serves: on a data listener as the first protocol and
+    Starlette's plain texts (as before: clients of every protocol see the same 404); else the
+    control plane's envelope."""
+    if DATA in roles:
+        return Fallback(
+            render=protocols.REGISTRY[0].render,
+            access=Access.DATA,
+            not_found=_plain_not_found,
+            method_not_allowed=_plain_method_not_allowed,
+        )
+    return Fallback(
+        render=control.render,
+        access=Access.ADMIN if MANAGEMENT in roles else Access.METRICS,
+        not_found=control.not_found,
+        method_not_allowed=control.method_not_allowed,
+    )
+
+
+def _plain_not_found(scope: Scope) -> Response:
+    return PlainTextResponse("Not Found", status_code=404)
+
+
+def _plain_method_not_allowed(allowed: tuple[str, ...]) -> Response:
+    return PlainTextResponse(
+        "Method Not Allowed", status_code=405, headers={"Allow": ", ".join(allowed)}
+    )
+
+
+def protocol_context(settings: Settings, service: InferenceService) -> ProtocolContext:
+    lora = settings.lora
+    return ProtocolContext(
         service=service,
         max_body_bytes=settings.server.max_request_bytes,
         bounds=request_bounds(settings),
         server_version=__version__,
         created=int(time.time()),
-        allow_runtime_lora=settings.lora.enabled and settings.lora.allow_runtime_updates,
+        allow_runtime_lora=lora.enabled and lora.allow_runtime_updates,
     )
-    return Gateway(
-        settings=settings,
-        engine=engine,
-        lifecycle=lifecycle,
-        adapters=adapters,
-        service=service,
-        context=context,
-        metrics=metrics,
-        registries=(REGISTRY, registry),
+
+
+def _config_facts(settings: Settings) -> control.ConfigFacts:
+    model = settings.model
+    return control.ConfigFacts(
+        model_name=model.name,
+        kv_cache_gib=model.kv_cache_space_gib,
+        world_size=model.tensor_parallel_size * model.pipeline_parallel_size,
+        settings=redacted(settings),
+    )
+
+
+def listener_url(settings: Settings, listener: str) -> str:
+    spec = getattr(settings.server, listener)
+    scheme = "https" if spec.tls.enabled else "http"
+    return f"{scheme}://{spec.host}:{spec.port}"
+
+
+def _base_names(settings: Settings, engine: Engine) -> list[str]:
+    served = settings.model.name
+    engine_name = engine.info().model_name
+    return [served, *([engine_name] if engine_name != served else [])]
+
+
+def _adapter_limits(settings: Settings) -> AdapterLimits:
+    lora = settings.lora
+    return AdapterLimits(
+        enabled=lora.enabled,
+        max_loras=lora.max_loras,
+        max_cpu_loras=lora.max_cpu_loras or lora.max_loras,
     )
 
 
@@ -177,16 +272,15 @@ def request_bounds(settings: Settings) -> RequestBounds:
 
 async def register_startup_adapters(gateway: Gateway) -> None:
     """Adapters from the `adapters/` folder and the config list. A bad one is logged, not fatal."""
-    lora = gateway.settings.lora
+    settings = gateway.settings
+    lora = settings.lora
     if not lora.enabled:
         return
-    entries = startup_adapter_entries(gateway.settings)
-    for name, src, preload, pin in entries:
+    for name, src, preload, pin in startup_adapter_entries(settings):
         try:
             await gateway.adapters.register(name, src, preload=preload, pin=pin)
         except Exception as exc:  # one bad adapter must not stop the server
             logger.error("adapter %s from %s not registered: %s", name, src, exc)
-    settings = gateway.settings
     base = workflows.ServedBase(
         names=gateway.service.base_names,
         path=resolve_path(settings, settings.model.weight_path),
@@ -196,7 +290,7 @@ async def register_startup_adapters(gateway: Gateway) -> None:
 
 
 def adapter_folders(settings: Settings) -> list[Path]:
-    """Folders whose sub-directories are adapters registered at start: `adapter_dir` and, as in
+    """Folders whose sub-directories are adapters registered at start: `adapterDir` and, as in
     DJL, the `adapters/` folder inside the model directory."""
     lora = settings.lora
     folders = [Path(resolve_path(settings, lora.adapter_dir))] if lora.adapter_dir else []
@@ -207,161 +301,14 @@ def adapter_folders(settings: Settings) -> list[Path]:
 
 
 def startup_adapter_entries(settings: Settings) -> list[tuple[str, str, bool, bool]]:
-    """(name, src, preload, pin) for every sub-directory of adapter_dir, then the config list."""
-    lora = settings.lora
+    """(name, src, preload, pin) for every sub-directory of adapterDir, then the config list."""
     entries: list[tuple[str, str, bool, bool]] = []
     for folder in adapter_folders(settings):
         if folder.is_dir():
             entries += [
                 (d.name, str(d), True, False) for d in sorted(folder.iterdir()) if d.is_dir()
             ]
-    entries += [(a.name, resolve_path(settings, a.path), a.preload, a.pin) for a in lora.adapters]
+    entries += [
+        (a.name, resolve_path(settings, a.path), a.preload, a.pin) for a in settings.lora.adapters
+    ]
     return entries
-
-
-def shared_routes(ctx: ProtocolContext) -> list[BaseRoute]:
-    """Paths several protocols claim, dispatched by body keys."""
-    limit = ctx.max_body_bytes
-    generate = body_dispatch(
-        [(has_key("prompt"), tagged("mindie", mindie.vllm_generate(ctx)))],
-        tagged("tgi", tgi.generate(ctx)),
-        max_bytes=limit,
-    )
-    invocations = body_dispatch(
-        [
-            (has_key("messages"), tagged("openai", openai_v1.chat_completions(ctx))),
-            (has_key("prompt"), tagged("openai", openai_v1.completions(ctx))),
-        ],
-        tagged("djl", djl.invocations(ctx)),
-        max_bytes=limit,
-    )
-    tokenize = body_dispatch(
-        [
-            (has_key("prompt"), tagged("openai", openai_v1.tokenize(ctx))),
-            (has_key("messages"), tagged("openai", openai_v1.tokenize(ctx))),
-        ],
-        tagged("tgi", tgi.tokenize(ctx)),
-        max_bytes=limit,
-    )
-    return [
-        Route("/generate", generate, methods=["POST"]),
-        Route("/invocations", invocations, methods=["POST"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-    ]
-
-
-def tagged(protocol: str, endpoint: Endpoint) -> Endpoint:
-    """Name the protocol a body-dispatched request went to, for the HTTP metrics."""
-
-    async def run(request: Request) -> Response:
-        request.scope[SCOPE_PROTOCOL] = protocol
-        return await endpoint(request)
-
-    return run
-
-
-RouteGroup = tuple[str, list[BaseRoute]]  # (protocol label for the metrics, routes)
-RouteSource = Callable[[Gateway], list[RouteGroup]]
-
-
-def _label(protocol: object) -> str:
-    return protocol_label(getattr(protocol, "__name__", "").split(".")[-2:][0])
-
-
-def data_routes(gateway: Gateway) -> list[RouteGroup]:
-    ctx = gateway.context
-    groups: list[RouteGroup] = [("other", shared_routes(ctx))]  # `tagged` names the protocol
-    for protocol in PROTOCOLS:
-        groups.append((_label(protocol), protocol.data_routes(ctx)))
-    return [*groups, *adapter_management_routes(gateway)]
-
-
-def adapter_management_routes(gateway: Gateway) -> list[RouteGroup]:
-    """vLLM's /v1/load_lora_adapter and DJL's /models/{m}/adapters. Their clients call them on
-    the inference port (vLLM, DJL default), so they are on the data listener too; `adminKeys`
-    guards them there as on the management listener."""
-    groups: list[RouteGroup] = []
-    for protocol in PROTOCOLS:
-        build = getattr(protocol, "management_routes", None)
-        if build is not None:
-            groups.append((_label(protocol), build(gateway.context)))
-    return groups
-
-
-def management_routes(gateway: Gateway) -> list[RouteGroup]:
-    groups: list[RouteGroup] = [
-        ("control", [*control.control_routes(gateway), *openapi_routes(gateway.settings)])
-    ]
-    # MindIE serves /metrics* on the management listener too
-    return [*groups, *adapter_management_routes(gateway), *metrics_routes(gateway)]
-
-
-def metrics_routes(gateway: Gateway) -> list[RouteGroup]:
-    management = gateway.settings.server.management
-    instance = f"{management.host}:{management.port}"
-    lifecycle = gateway.lifecycle
-    routes = metrics_endpoints(
-        gateway.service,
-        gateway.metrics,
-        registries=gateway.registries,
-        instance=instance,
-        guard=lambda: control.unavailable(lifecycle),
-    )
-    return [("metrics", routes)]
-
-
-def health_routes(gateway: Gateway) -> list[RouteGroup]:
-    return [("control", control.health_routes(gateway))]
-
-
-# Route order on a listener: control first; MindIE's health family last, so that on a port
-# shared with the data plane each protocol's own health shape wins.
-LISTENER_ROUTES: tuple[tuple[str, RouteSource], ...] = (
-    ("management", management_routes),
-    ("metrics", metrics_routes),
-    ("data", data_routes),
-    ("management", health_routes),
-)
-
-
-def listener_app(gateway: Gateway, roles: tuple[str, ...]) -> Starlette:
-    """One Starlette app serving the routes of every role a listener has."""
-    groups = [g for role, source in LISTENER_ROUTES if role in roles for g in source(gateway)]
-    owners = {id(route): label for label, routes in groups for route in routes}
-    handlers = None if "data" in roles else control.EXCEPTION_HANDLERS
-    app = Starlette(
-        routes=_dedupe([route for _, routes in groups for route in routes]),
-        exception_handlers=handlers,
-    )
-    table = route_table(groups, roles=roles, admin_paths=admin_paths(gateway))
-    protect(app, table=table, settings=gateway.settings)  # auth, body limit: inside the metrics
-    app.add_middleware(
-        HttpMetricsMiddleware,
-        metrics=gateway.metrics,
-        owners=owners,
-        access_log=gateway.settings.logging.access_log,
-    )
-    app.add_middleware(control.DrainMiddleware, lifecycle=gateway.lifecycle)
-    app.add_middleware(RequestIdMiddleware)
-    return app
-
-
-def admin_paths(gateway: Gateway) -> frozenset[str]:
-    """Path templates of the control plane and adapter management, on whichever listener."""
-    return frozenset(
-        getattr(route, "path", "")
-        for label, routes in management_routes(gateway)
-        if label != "metrics"
-        for route in routes
-    )
-
-
-def _dedupe(routes: list[BaseRoute]) -> list[BaseRoute]:
-    seen: set[tuple[str, frozenset[str]]] = set()
-    unique = []
-    for route in routes:
-        key = (getattr(route, "path", ""), frozenset(getattr(route, "methods", None) or ()))
-        if key not in seen:
-            seen.add(key)
-            unique.append(route)
-    return unique

@@ -33,7 +33,7 @@ def free_port() -> int:
 def ensure_assets() -> None:
     """Build the demo model and dev certificates if absent (cached after the first run)."""
     from certs.generate import generate
-    from server.demo_model import build_demo
+    from server.dev.demo_model import build_demo
 
     build_demo(DEMO)
     generate(CERTS)

@@ -1,4 +1,4 @@
-"""Bearer credentials on every route of every protocol (server/security.py, B.7 #21-#23).
+"""Bearer credentials on every route of every protocol (server/http/auth.py, B.7 #21-#23).
 
 A fake-engine server with two API keys and one admin key. Every documented operation (the
 OpenAPI route table) is called without a key, with a wrong key, with an API key and with the
@@ -21,10 +21,11 @@ import pytest
 from huggingface_hub import InferenceClient
 from tritonclient.http import InferenceServerClient
 
-from server import security
-from server.openapi import OPERATIONS, Operation
-from server.security import OPEN_PATHS, Keyring
+from server.http import auth
+from server.http.auth import Keyring
+from server.http.routes import Access
 from tests.integration.traffic import management_client
+from tests.operations import OPERATIONS, Operation
 from tests.serverproc import RunningServer, running_server
 
 API_KEYS = ["sk-data-one", "sk-data-two-longer"]
@@ -67,6 +68,14 @@ def concrete(path: str) -> str:
     return path
 
 
+# The health family, written out here rather than read from the routes: the test's own list of
+# what load balancers and kubelets may probe without credentials.
+OPEN_PATHS = frozenset({
+    "/", "/health", "/ping", "/v2/health/live", "/v2/health/ready", "/v2/models/{model}/ready",
+    "/v2/models/{model}/versions/{version}/ready", "/health/timed", "/health/timed-{seconds}",
+})
+
+
 def is_open(op: Operation) -> bool:
     return op.path in OPEN_PATHS and (op.method == "GET" or op.path == "/ping")
 
@@ -80,6 +89,14 @@ def is_admin(op: Operation) -> bool:
 
 GUARDED = [op for op in OPERATIONS if not is_open(op)]
 OPEN = [op for op in OPERATIONS if is_open(op)]
+
+
+@pytest.mark.parametrize("op", OPERATIONS, ids=lambda op: f"{op.listener}:{op.method}:{op.path}")
+def test_every_route_declares_the_access_class_this_test_expects(op: Operation) -> None:
+    expected = "open" if is_open(op) else "admin" if is_admin(op) else None
+    if expected is None:
+        expected = "metrics" if op.path.startswith("/metrics") else "data"
+    assert op.access == expected
 
 
 def call(server: RunningServer, op: Operation, headers: dict[str, str]) -> httpx.Response:
@@ -209,11 +226,11 @@ def test_every_key_is_compared_as_a_digest_with_no_early_exit(
         compared.append((a, b))
         return a == b
 
-    monkeypatch.setattr(security.hmac, "compare_digest", spy)
+    monkeypatch.setattr(auth.hmac, "compare_digest", spy)
     keyring = Keyring(API_KEYS, [ADMIN_KEY])
     for token in (API_KEYS[0].encode(), b"wrong", b"x" * 10_000):
         compared.clear()
-        keyring.allows(security.Access.DATA, token)
+        keyring.allows(Access.DATA, token)
         assert len(compared) == 3  # both API keys and the admin key, whichever matched
         assert all(len(a) == len(b) == 32 for a, b in compared)  # SHA-256: no length leak
         assert compared[0][0] == hashlib.sha256(token).digest()
@@ -221,13 +238,13 @@ def test_every_key_is_compared_as_a_digest_with_no_early_exit(
 
 def test_keyring_classes() -> None:
     keyring = Keyring(API_KEYS, [ADMIN_KEY])
-    data, admin = security.Access.DATA, security.Access.ADMIN
+    data, admin = Access.DATA, Access.ADMIN
     assert keyring.allows(data, API_KEYS[0].encode())
     assert keyring.allows(data, ADMIN_KEY.encode())
     assert not keyring.allows(admin, API_KEYS[0].encode())
     assert keyring.allows(admin, ADMIN_KEY.encode())
     assert not keyring.allows(data, None)
-    assert keyring.allows(security.Access.OPEN, None)
+    assert keyring.allows(Access.OPEN, None)
     only_api = Keyring(API_KEYS, [])
     assert only_api.allows(admin, API_KEYS[1].encode())  # as vLLM guards its LoRA routes
     assert Keyring([], []).allows(admin, None)  # no keys: the listener's mTLS is the guard

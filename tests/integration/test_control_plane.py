@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.healthcheck import main as probe_main
+from server.dev.healthcheck import main as probe_main
 from tests.integration.traffic import management_client
 from tests.serverproc import CERTS, RunningServer, free_port, running_server
 

@@ -37,6 +37,7 @@ LIVE_CASES_PER_OPERATION = 40
 FAKE_CASES_PER_OPERATION = 20
 TIMEOUT_S = 60
 COUNTS: dict[str, int] = {"live": 0, "fake": 0}
+FINISHED: set[str] = set()  # node ids of this module's tests that ran (totals need them all)
 STATUSES: dict[tuple[str, str, int], int] = {}  # (run, method, status) → cases
 
 TOKEN_FIELDS = {"max_tokens", "max_new_tokens", "max_completion_tokens", "min_tokens",
@@ -198,7 +199,7 @@ def live_schemas(live_server: RunningServer) -> dict[str, schemathesis.BaseSchem
 
 def live_operations() -> list[tuple[str, str, str]]:
     """(listener, method, path) of the live run, from the route table (collection time)."""
-    from server.openapi import OPERATIONS
+    from tests.operations import OPERATIONS
 
     chosen = []
     for op in OPERATIONS:
@@ -236,7 +237,7 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 
 def fake_operations() -> list[tuple[str, str, str]]:
-    from server.openapi import OPERATIONS
+    from tests.operations import OPERATIONS
 
     return [
         (op.listener, op.method, op.path)
@@ -276,7 +277,7 @@ METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE"
 
 
 def request_bytes() -> st.SearchStrategy[bytes]:
-    from server.openapi import OPERATIONS
+    from tests.operations import OPERATIONS
 
     paths = sorted({
         op.path.replace("{model}", "tiny").replace("{version}", "1")
@@ -331,9 +332,17 @@ def test_raw_request_line_fuzz_never_gets_a_5xx(fuzzed: RunningServer) -> None:
 
 
 # ---- totals and aftermath -----------------------------------------------------------------------
-def test_at_least_2000_cases_ran_and_both_servers_still_serve(
-    live_server: RunningServer, fuzzed: RunningServer
-) -> None:
+@pytest.fixture(scope="module", autouse=True)
+def totals_after_every_fuzz_test(
+    request: pytest.FixtureRequest, live_server: RunningServer, fuzzed: RunningServer
+) -> Iterator[None]:
+    """Once every test of this module ran (in whatever order), at least 2000 cases ran, none
+    answered 5xx, and both servers still serve. Checked at the module's teardown, so no test
+    depends on running after the others; skipped when only some of them were selected."""
+    selected = [item for item in request.session.items if item.module is request.module]
+    yield
+    if len(FINISHED) != len(selected):
+        return
     assert COUNTS["live"] + COUNTS["fake"] >= 2000, COUNTS
     assert COUNTS["live"] >= 1000, COUNTS
     print(f"schemathesis cases: {COUNTS}; statuses: {dict(sorted(STATUSES.items()))}")
@@ -341,11 +350,29 @@ def test_at_least_2000_cases_ran_and_both_servers_still_serve(
     assert generated >= 150, STATUSES  # valid requests really ran on the real engine
     assert not [key for key in STATUSES if key[2] >= 500], STATUSES
     for server in (live_server, fuzzed):
-        body = {"prompt": "after the fuzz", "max_tokens": 2}
-        response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
-        assert response.status_code == 200, response.text
-        with management_client(server, timeout=30) as http:
-            gateway = http.get("/v1/status").json()["gateway"]
-        assert gateway["state"] == "ready"
-        assert gateway["inflight"] == 0
-        assert set(gateway["adapters"]) >= ({"a1", "a2", "a3"} if server is live_server else set())
+        assert_still_serves(server, adapters={"a1", "a2", "a3"} if server is live_server else set())
+
+
+@pytest.fixture(autouse=True)
+def finished(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    FINISHED.add(request.node.nodeid)
+
+
+def assert_still_serves(server: RunningServer, *, adapters: set[str]) -> None:
+    body = {"prompt": "after the fuzz", "max_tokens": 2}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    with management_client(server, timeout=30) as http:
+        gateway = http.get("/v1/status").json()["gateway"]
+    assert gateway["state"] == "ready"
+    assert gateway["inflight"] == 0
+    assert set(gateway["adapters"]) >= adapters
+
+
+def test_both_servers_serve_after_their_fuzzing(
+    live_server: RunningServer, fuzzed: RunningServer
+) -> None:
+    """Whatever ran before this test (the module's totals are checked at its teardown)."""
+    assert_still_serves(live_server, adapters={"a1", "a2", "a3"})
+    assert_still_serves(fuzzed, adapters=set())

@@ -22,8 +22,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.openapi import OPERATIONS
 from tests.integration.traffic import management_client
+from tests.operations import OPERATIONS
 from tests.serverproc import RunningServer, running_server
 
 LIMIT = 1024 * 1024  # maxRequestLength 1 (MB) in tests/serverproc.py base_config

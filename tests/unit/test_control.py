@@ -11,9 +11,9 @@ import pytest
 from server.core.errors import ServiceUnavailable
 from server.core.lifecycle import Lifecycle, Role, State
 from server.core.types import GenerationRequest, Sampling, TextPrompt
-from server.engine.fake import FakeScript
-from server.gateway import Gateway
-from server.runtime import SwappableApp, drain
+from server.engines.fake import FakeScript
+from server.gateway import Gateway, live_paths
+from server.runtime.process import StartingApp, drain
 from tests.unit.gateway_kit import client, make_gateway
 
 pytestmark = pytest.mark.anyio
@@ -25,6 +25,7 @@ def request(rid: str = "r", tokens: int = 4) -> GenerationRequest:
         model="",
         prompt=TextPrompt("one two three"),
         sampling=Sampling(max_new_tokens=tokens),
+        stream=True,  # started requests are primed at their first token
         protocol="tgi",
     )
 
@@ -340,12 +341,12 @@ async def test_stop_service_rejects_an_unknown_mode_and_keeps_serving() -> None:
         response = await http.get("/stopService", params={"mode": "Sometime"})
     assert response.status_code == 400
     assert gateway.lifecycle.state is State.READY
-    assert not gateway.stop_requested.is_set()
+    assert not gateway.shutdown.requested.is_set()
 
 
 async def runtime_drain(gateway: Gateway) -> None:
     """What server/runtime.py does once a stop is requested."""
-    await gateway.stop_requested.wait()
+    await gateway.shutdown.requested.wait()
     await drain(gateway)
 
 
@@ -382,7 +383,7 @@ async def test_management_and_data_listeners_see_one_state() -> None:
     gateway = make_gateway()
     async with client(gateway, "data") as data, client(gateway) as management:
         assert (await data.get("/health")).status_code == 200
-        gateway.request_stop()
+        gateway.shutdown.request()
         assert (await data.get("/health")).status_code == 503  # TGI's own shape on data
         assert (await management.get("/health")).status_code == 503
         response = await data.get("/health")
@@ -391,7 +392,7 @@ async def test_management_and_data_listeners_see_one_state() -> None:
 
 async def test_while_starting_liveness_is_200_and_everything_else_503() -> None:
     lifecycle = Lifecycle()
-    app = SwappableApp(lifecycle)
+    app = StartingApp(lifecycle, live_paths())
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
         assert (await http.get("/v2/health/live")).status_code == 200

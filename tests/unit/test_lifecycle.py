@@ -10,8 +10,8 @@ import pytest
 from server.core.errors import ServiceUnavailable
 from server.core.lifecycle import Lifecycle, Role, State
 from server.core.types import Delta, GenerationRequest, Sampling, TextPrompt
-from server.engine.fake import FakeScript
-from server.runtime import drain, watch_engine
+from server.engines.fake import FakeScript
+from server.runtime.process import drain, watch_engine
 from tests.unit.gateway_kit import make_gateway
 
 pytestmark = pytest.mark.anyio
@@ -23,6 +23,7 @@ def request(rid: str = "r", tokens: int = 8) -> GenerationRequest:
         model="",
         prompt=TextPrompt("one two three"),
         sampling=Sampling(max_new_tokens=tokens),
+        stream=True,  # started requests are primed at their first token
         protocol="openai",
     )
 
@@ -83,11 +84,11 @@ async def test_drain_waits_for_running_and_queued_requests() -> None:
     first = asyncio.create_task(gateway.service.generate(request("a", tokens=20)))
     second = asyncio.create_task(gateway.service.generate(request("b", tokens=20)))
     await asyncio.sleep(0.01)
-    gateway.request_stop()
+    gateway.shutdown.request()
     with pytest.raises(ServiceUnavailable):  # new work is refused at once
         await gateway.service.generate(request("late"))
     await drain(gateway)
-    assert gateway.drained.is_set()
+    assert gateway.shutdown.drained.is_set()
     assert (await first).usage.completion_tokens == 20
     assert (await second).usage.completion_tokens == 20
 
@@ -110,7 +111,7 @@ async def test_drain_timeout_ends_streams_with_an_in_band_error_and_refuses_the_
             await stream.aclose()
 
     consumer = asyncio.create_task(consume())
-    gateway.request_stop()
+    gateway.shutdown.request()
     await drain(gateway)
     with pytest.raises(ServiceUnavailable, match="shutting down"):
         await consumer

@@ -18,9 +18,8 @@ from server.core.types import (
     TextPrompt,
     Usage,
 )
-from server.logs import RequestLog, configure_logging
-from server.middleware import request_id_var
-from server.settings import LoggingSettings
+from server.http.context import request_id_var
+from server.observability.logs import RequestLog, configure_logging
 from tests.unit.gateway_kit import client, make_gateway
 
 SECRET_PROMPT = "my card number is 4111 1111 1111 1111"
@@ -31,7 +30,7 @@ def captured() -> Iterator[io.StringIO]:
     """Configure the root logger as the CLI does, writing into a buffer; restore it afterwards."""
     root = logging.getLogger()
     saved = (root.handlers[:], root.level)
-    configure_logging(LoggingSettings(json_format=True, level="DEBUG"))
+    configure_logging("DEBUG", json_format=True)
     stream = io.StringIO()
     handler = root.handlers[0]
     assert isinstance(handler, logging.StreamHandler)

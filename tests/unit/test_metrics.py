@@ -7,10 +7,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.core.errors import ServiceUnavailable
-from server.core.service import Timing
+from server.core.stream import Timing
 from server.core.types import GenerationRequest, Sampling, TextPrompt, Usage
-from server.engine.fake import FakeScript
-from server.metrics import GatewayMetrics, MovingAverage, error_types, protocol_label
+from server.engines.fake import FakeScript
+from server.observability.metrics import MovingAverage, error_types
 from tests.unit.gateway_kit import client, make_gateway
 
 pytestmark = pytest.mark.anyio
@@ -32,10 +32,12 @@ def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
 
 
 def test_protocol_labels_are_a_closed_set() -> None:
-    assert protocol_label("openai_v1") == "openai"
-    assert protocol_label("kserve_v2") == "kserve"
-    assert protocol_label("tgi") == "tgi"
-    assert protocol_label("../etc/passwd") == "other"
+    metrics = make_gateway().metrics
+    assert [metrics.label(p) for p in ("openai", "kserve", "tgi", "health")] == [
+        "openai", "kserve", "tgi", "health",
+    ]
+    assert metrics.label("../etc/passwd") == "other"
+    assert metrics.label("openai_v1") == "other"  # labels are the registry's spec names
     assert {"invalid_request", "model_not_found", "unavailable", "aborted"} <= error_types()
 
 
@@ -81,7 +83,7 @@ async def test_refusals_and_failures_count_by_error_type() -> None:
 
 
 def test_unknown_error_types_collapse_to_other() -> None:
-    metrics = GatewayMetrics(CollectorRegistry())
+    metrics = make_gateway().metrics
     metrics.rejected(request(), "made-up")
     assert (
         sample(
@@ -196,7 +198,7 @@ async def test_metrics_json_has_mindie_shape_and_window_means_in_ms() -> None:
 
 async def test_metrics_json_is_503_while_draining_but_metrics_keep_serving() -> None:
     gateway = make_gateway()
-    gateway.request_stop()
+    gateway.shutdown.request()
     async with client(gateway, "metrics") as http:
         assert (await http.get("/metrics-json")).status_code == 503
         text = (await http.get("/metrics")).text

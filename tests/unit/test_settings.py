@@ -261,3 +261,12 @@ def test_invalid_json_names_the_file(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(SettingsError, match="not valid JSON"):
         load_settings(config_path=path, environ={})
+
+
+def test_start_up_refuses_another_uvicorn_minor_with_a_fix() -> None:
+    from server.runtime.limits import UVICORN_SERIES, UnsupportedUvicorn, check_uvicorn
+
+    check_uvicorn()  # the installed one is the pinned one
+    check_uvicorn(f"{UVICORN_SERIES}.9")
+    with pytest.raises(UnsupportedUvicorn, match=r"uvicorn 0\.99\.0 is installed.*Fix: pip"):
+        check_uvicorn("0.99.0")

@@ -17,6 +17,10 @@ admission slot forever. `limited_protocol` wraps uvicorn's httptools protocol cl
   queued, the next refused): an idle keep-alive connection is closed to make room, and if none
   is idle the new connection gets 503 and is closed.
 
+The subclass overrides uvicorn's parser callbacks and reads its request cycle, which are not a
+public API: pyproject.toml pins uvicorn to the minor release it was written against
+(`UVICORN_SERIES`), and `check_uvicorn()` refuses to start with any other.
+
 `BodyLimitMiddleware` is the ASGI backstop for request bodies: protocol routes already refuse
 more than `maxRequestLength` in `read_body` with their own error shape; this refuses a declared
 Content-Length beyond it up front and counts the bytes of every route's `receive` (chunked
@@ -31,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeGuard
 
+import uvicorn
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -39,6 +44,21 @@ from server.core.errors import GatewayError, PayloadTooLarge
 from server.settings import ServerSettings
 
 CONNECTIONS_PER_LINK = 3  # MindIE: maxLinkNum served + 2 × maxLinkNum queued
+UVICORN_SERIES = "0.54"  # the minor release `LimitedHttpToolsProtocol` was written against
+
+
+class UnsupportedUvicorn(RuntimeError):
+    """Another uvicorn than the one the HTTP limits were written against is installed."""
+
+
+def check_uvicorn(version: str = uvicorn.__version__) -> None:
+    """Refuse to start on a uvicorn whose private protocol internals may have changed."""
+    if version.split(".")[:2] != UVICORN_SERIES.split("."):
+        raise UnsupportedUvicorn(
+            f"uvicorn {version} is installed, but the HTTP limits (server/runtime/limits.py) "
+            f"subclass uvicorn {UVICORN_SERIES}.x's httptools protocol. Fix: "
+            f"pip install 'uvicorn[standard]=={UVICORN_SERIES}.*' (as pyproject.toml pins it)"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from server.runtime.tls import tls_files
 from server.settings import Settings, load_settings, resolve_path
-from server.tls import tls_files
 
 
 def curl_prefix(settings: Settings, listener: str) -> tuple[str, str]:

@@ -1,9 +1,9 @@
 """The process: listeners up first (health says "starting"), then the engine, then READY.
 
 One event loop runs one uvicorn server per distinct address; the gateway owns the signals, so
-SIGTERM, SIGINT and GET /stopService all take the same drain path: stop admitting, let in-flight
-requests finish (bounded by drainTimeout, then abort them with an in-band error), shut the engine
-down, close the listeners, exit 0.
+SIGTERM, SIGINT and GET /stopService all take the same drain path (`Shutdown.request`): stop
+admitting, let in-flight requests finish (bounded by drainTimeout, then abort them with an
+in-band error), shut the engine down, close the listeners, exit 0.
 """
 
 from __future__ import annotations
@@ -23,11 +23,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.core.engine import Engine
 from server.core.errors import GatewayError, ServiceUnavailable
-from server.core.lifecycle import Lifecycle, State
-from server.gateway import Gateway, build_gateway, listener_app, register_startup_adapters
-from server.limits import CONNECTIONS_PER_LINK, HttpLimits, limited_protocol
+from server.core.lifecycle import Lifecycle, Shutdown, State
+from server.gateway import Gateway, build_gateway, live_paths, register_startup_adapters
+from server.runtime.limits import (
+    CONNECTIONS_PER_LINK,
+    HttpLimits,
+    check_uvicorn,
+    limited_protocol,
+)
+from server.runtime.tls import build_context, check_bind_address, tls_files
 from server.settings import Settings
-from server.tls import LISTENERS, build_context, check_bind_address, tls_files
 
 logger = logging.getLogger("gateway")
 EngineFactory = Callable[[Settings], Coroutine[Any, Any, Engine]]
@@ -45,36 +50,42 @@ class Listener:
 
 def plan_listeners(settings: Settings) -> list[Listener]:
     """Data, management and metrics listeners; those on the same address are merged."""
+    server = settings.server
     merged: dict[tuple[str, int], list[str]] = {}
-    for role in LISTENERS:
-        address = settings.server.listener(role)
-        merged.setdefault((address.host, address.port), []).append(role)
+    for role in ("data", "management", "metrics"):
+        spec = getattr(server, role)
+        merged.setdefault((spec.host, spec.port), []).append(role)
     return [
         Listener(host=host, port=port, roles=tuple(roles), tls_listener=roles[0])
         for (host, port), roles in merged.items()
     ]
 
 
-class SwappableApp:
-    """Answers 503 while the engine starts (liveness 200: the process is up), then delegates
-    to the real app."""
+class StartingApp:
+    """Answers 503 while the engine starts (liveness 200 on `live_paths`: the process is up),
+    then delegates to the listener's app, which is set exactly once."""
 
-    def __init__(self, lifecycle: Lifecycle) -> None:
-        self.lifecycle = lifecycle
-        self.app: ASGIApp | None = None
+    def __init__(self, lifecycle: Lifecycle, live: frozenset[str]) -> None:
+        self._lifecycle = lifecycle
+        self._live = live
+        self._app: ASGIApp | None = None
+
+    def serve(self, app: ASGIApp) -> None:
+        assert self._app is None, "a listener's app is set once"
+        self._app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.app is not None:
-            await self.app(scope, receive, send)
+        if self._app is not None:
+            await self._app(scope, receive, send)
             return
         if scope["type"] != "http":
             return
-        if scope["path"] == "/v2/health/live" and self.lifecycle.state is State.STARTING:
+        if scope["path"] in self._live and self._lifecycle.state is State.STARTING:
             await Response(status_code=200)(scope, receive, send)
             return
         response: Response = JSONResponse(
             {
-                "error": f"The service is {self.lifecycle.state.value}.",
+                "error": f"The service is {self._lifecycle.state.value}.",
                 "error_type": "Service Unavailable",
             },
             status_code=503,
@@ -106,7 +117,7 @@ def uvicorn_config(app: ASGIApp, listener: Listener, settings: Settings) -> uvic
         log_config=None,
         timeout_keep_alive=int(settings.server.keep_alive_timeout_s),
         timeout_graceful_shutdown=int(settings.limits.drain_timeout_s) + 5,
-        # backstop only: server/limits.py already caps connections at 3 × max_links
+        # backstop only: server/runtime/limits.py already caps connections at 3 × maxLinkNum
         limit_concurrency=settings.server.max_links * CONNECTIONS_PER_LINK + 1,
         server_header=False,
     )
@@ -122,18 +133,19 @@ async def serve(
     settings: Settings, engine_factory: EngineFactory, *, on_gateway: Hook | None = None
 ) -> int:
     """Run until stopped. Returns the process exit code: 0 after a stop, 1 if the engine failed."""
+    check_uvicorn()
     lifecycle = Lifecycle()
+    shutdown = Shutdown(lifecycle)
     listeners = plan_listeners(settings)
-    holders = [SwappableApp(lifecycle) for _ in listeners]
+    holders = [StartingApp(lifecycle, live_paths()) for _ in listeners]
     servers = [
         GatewayServer(uvicorn_config(h, ln, settings))
         for h, ln in zip(holders, listeners, strict=True)
     ]
     tasks = [asyncio.create_task(s.serve()) for s in servers]
-    signals = StopSignals()
-    signals.install()
+    StopSignals(shutdown).install()
     try:
-        engine = await _start_engine(settings, engine_factory, signals.stop)
+        engine = await _start_engine(settings, engine_factory, shutdown.requested)
     except Exception as exc:
         logger.exception("engine failed to start")
         lifecycle.fail(str(exc))
@@ -142,14 +154,12 @@ async def serve(
     if engine is None:
         await _close_servers(servers, tasks)
         return 0
-    gateway = build_gateway(settings, engine, lifecycle=lifecycle)
-    gateway.stop_requested = signals.stop
-    signals.gateway = gateway
+    gateway = build_gateway(settings, engine, lifecycle=lifecycle, shutdown=shutdown)
     if on_gateway is not None:
         on_gateway(gateway)
     await register_startup_adapters(gateway)
     for holder, listener in zip(holders, listeners, strict=True):
-        holder.app = listener_app(gateway, listener.roles)
+        holder.serve(gateway.app(listener.roles))
     # Move the start-up heap (torch, vLLM, tokenizer) out of the collector's reach, as vLLM's
     # own server does: otherwise full collections under load stall the event loop 0.4-0.65 s.
     gc.collect()
@@ -159,7 +169,7 @@ async def serve(
         "ready: %s", ", ".join(f"{ln.host}:{ln.port} {'+'.join(ln.roles)}" for ln in listeners)
     )
     watchdog = asyncio.create_task(watch_engine(gateway))
-    await signals.stop.wait()
+    await shutdown.requested.wait()
     await drain(gateway)
     watchdog.cancel()
     await _close_servers(servers, tasks)
@@ -172,10 +182,9 @@ async def serve(
 class StopSignals:
     """SIGTERM and SIGINT: the first one drains (as GET /stopService does), a second forces."""
 
-    def __init__(self) -> None:
-        self.stop = asyncio.Event()
-        self.gateway: Gateway | None = None
-        self.received = 0
+    def __init__(self, shutdown: Shutdown) -> None:
+        self._shutdown = shutdown
+        self._received = 0
 
     def install(self) -> None:
         loop = asyncio.get_running_loop()
@@ -183,13 +192,10 @@ class StopSignals:
             loop.add_signal_handler(sig, self.handle, sig)
 
     def handle(self, sig: signal.Signals) -> None:
-        self.received += 1
-        force = self.received > 1
+        self._received += 1
+        force = self._received > 1
         logger.info("%s: %s", sig.name, "forcing the stop" if force else "draining")
-        if self.gateway is None:
-            self.stop.set()
-        else:
-            self.gateway.request_stop(force=force)
+        self._shutdown.request(force=force)
 
 
 async def drain(gateway: Gateway) -> None:
@@ -203,13 +209,13 @@ async def drain(gateway: Gateway) -> None:
         aborted = gateway.service.abort_all(ServiceUnavailable("The server is shutting down."))
         logger.warning("drain ended before idle: aborted %d requests", aborted)
         await lifecycle.wait_idle(ABORT_GRACE_S)
-    gateway.drained.set()
+    gateway.shutdown.drained.set()
 
 
 async def _idle_unless_forced(gateway: Gateway, timeout: float) -> bool:
     """True once nothing is in flight; False on timeout or when a forced stop arrives."""
     idle = asyncio.create_task(gateway.lifecycle.wait_idle(timeout))
-    forced = asyncio.create_task(gateway.force_requested.wait())
+    forced = asyncio.create_task(gateway.shutdown.forced.wait())
     done, pending = await asyncio.wait({idle, forced}, return_when=asyncio.FIRST_COMPLETED)
     for task in pending:
         task.cancel()

@@ -1,52 +1,41 @@
-"""Metrics: `GatewayMetrics` (the service's `RequestObserver`), the HTTP middleware that counts
-every response, and the metrics listener's routes (`/metrics`, `/metrics-json`).
+"""Metrics: `GatewayMetrics` (the service's `RequestObserver` and the listener apps'
+`HttpObserver`), and the routes `/metrics` and `/metrics-json`.
 
 `/metrics` is vLLM's own `vllm:` families (the engine registers them in prometheus_client's
 default registry of this process) followed by the `gateway_*` families of the gateway registry.
-Every label comes from a closed set: protocols from `PROTOCOLS`, endpoints from route templates,
-error types from the domain errors, states and roles from their enums, status codes as numbers.
+Every label comes from a closed set: protocols from the registry's spec names (plus `health`,
+`control`, `metrics`, `other`), endpoints from route templates, error types from the domain
+errors, states and roles from their enums, status codes as numbers.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
-from protocols._common.http import json_response
 from server.core.adapters import AdapterRegistry, Residency
+from server.core.admission import Admission
 from server.core.errors import GatewayError
-from server.core.lifecycle import Role, State
-from server.core.service import InferenceService, Timing
+from server.core.lifecycle import Lifecycle, Role, State
+from server.core.service import InferenceService
+from server.core.stream import Timing
 from server.core.types import GenerationRequest, Usage
-
-if TYPE_CHECKING:
-    from server.logs import RequestLog
+from server.http.body import json_response
+from server.http.routes import MANAGEMENT, METRICS, Access, Answer, Doc, Render, Route, RouteList
+from server.observability.families import Counter, Gauge, Histogram, Value
+from server.observability.logs import RequestLog
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
-PROTOCOLS = ("openai", "tgi", "kserve", "mindie", "djl", "health", "control", "metrics", "other")
-_ALIASES = {
-    "openai_v1": "openai",
-    "vllm": "openai",
-    "sagemaker": "djl",
-    "kserve_v2": "kserve",
-    "triton": "kserve",
-    "kserve-v2": "kserve",
-    "probe": "health",
-}
-# Set by endpoints that know their protocol better than their route (body-dispatched paths).
-SCOPE_PROTOCOL = "gateway.protocol"
-UNMATCHED = "unmatched"  # endpoint label of a request no route matched
+BUILT_IN = ("health", "control", "metrics", "other")  # labels of the gateway's own requests
+NAME = "metrics"
 
 # vLLM's buckets (vllm/v1/metrics/loggers.py), so the two families can be compared.
 TTFT_BUCKETS = (
@@ -121,15 +110,6 @@ E2E_BUCKETS = (
 access_logger = logging.getLogger("gateway.access")
 
 
-_KNOWN = frozenset(PROTOCOLS)
-
-
-def protocol_label(name: str) -> str:
-    """The closed-set protocol label of a protocol or package name."""
-    label = _ALIASES.get(name, name)
-    return label if label in _KNOWN else "other"
-
-
 def error_types() -> frozenset[str]:
     """Every `error_type` a domain error can carry, plus the service's "aborted"."""
     found: set[str] = {"aborted"}
@@ -163,24 +143,37 @@ class MovingAverage:
 
 
 class GatewayMetrics:
-    """Declares every `gateway_*` metric in `registry` and observes the service.
+    """Declares every `gateway_*` metric in `registry` and observes requests and responses.
 
-    Per generated token the cost is one dict lookup and one histogram observation.
+    Per streamed delta the cost is one dict lookup and one histogram observation; per HTTP
+    response one cached counter child.
     """
 
     def __init__(
         self,
         registry: CollectorRegistry,
         *,
+        protocols: Sequence[str],
+        live: LiveState,
         window: int = 1000,
         request_log: RequestLog | None = None,
+        access_log: bool = False,
     ) -> None:
         self.registry = registry
         self.request_log = request_log
+        self.access_log = access_log
         self.ttft_window = MovingAverage(window)
         self.tbt_window = MovingAverage(window)
+        self._labels = frozenset((*protocols, *BUILT_IN))
         self._error_types = error_types()
+        self._responses: dict[tuple[str, str, int], Value] = {}
         self._declare(registry)
+        registry.register(LiveStateCollector(live))
+        registry.register(AdapterCollector(live.adapters))
+
+    def label(self, protocol: str) -> str:
+        """The closed-set label of a request's protocol."""
+        return protocol if protocol in self._labels else "other"
 
     def _declare(self, registry: CollectorRegistry) -> None:
         proto = ("protocol",)
@@ -188,86 +181,74 @@ class GatewayMetrics:
             "gateway_http_requests",
             "HTTP responses by protocol, route template and status.",
             ("protocol", "endpoint", "status"),
-            registry=registry,
         )
         self.generations = Counter(
             "gateway_generation_requests",
             "Generation requests admitted to the engine.",
             proto,
-            registry=registry,
         )
         self.failures = Counter(
             "gateway_request_failures",
             "Generation requests refused or failed, by error type.",
             ("protocol", "error_type"),
-            registry=registry,
         )
         self.inflight = Gauge(
             "gateway_requests_inflight",
             "Generation requests running in the engine now.",
             proto,
-            registry=registry,
         )
         self.prompt_tokens = Counter(
             "gateway_prompt_tokens",
             "Prompt tokens of finished requests.",
             proto,
-            registry=registry,
         )
         self.generation_tokens = Counter(
             "gateway_generation_tokens",
             "Generated tokens of finished requests.",
             proto,
-            registry=registry,
         )
         self.ttft = Histogram(
             "gateway_time_to_first_token_seconds",
             "Admission to the first generated token.",
             proto,
-            buckets=TTFT_BUCKETS,
-            registry=registry,
+            TTFT_BUCKETS,
         )
         self.itl = Histogram(
             "gateway_inter_token_latency_seconds",
             "Time between two generated tokens.",
             proto,
-            buckets=ITL_BUCKETS,
-            registry=registry,
+            ITL_BUCKETS,
         )
         self.e2e = Histogram(
             "gateway_e2e_request_latency_seconds",
             "Admission to the end of the response.",
             proto,
-            buckets=E2E_BUCKETS,
-            registry=registry,
+            E2E_BUCKETS,
         )
-        self._ttft = {p: self.ttft.labels(p) for p in PROTOCOLS}
-        self._itl = {p: self.itl.labels(p) for p in PROTOCOLS}
-        self._e2e = {p: self.e2e.labels(p) for p in PROTOCOLS}
-        self._inflight = {p: self.inflight.labels(p) for p in PROTOCOLS}
-        for p in PROTOCOLS:  # every series exists from the start, so rates work from zero
-            self.generations.labels(p)
-            self.prompt_tokens.labels(p)
-            self.generation_tokens.labels(p)
-
-    def bind(self, service: InferenceService) -> None:
-        """Export the service's live state (lifecycle, role, queue, adapters) on each scrape."""
-        self.registry.register(LiveStateCollector(service))
-        self.registry.register(AdapterCollector(service.adapters))
+        families = (
+            self.http_requests, self.generations, self.failures, self.inflight,
+            self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e,
+        )
+        for family in families:
+            registry.register(family)
+        self._series = {label: _Series(self, label) for label in sorted(self._labels)}
 
     # ---- RequestObserver -----------------------------------------------------------------
+    def _of(self, request: GenerationRequest) -> _Series:
+        return self._series.get(request.protocol) or self._series["other"]
+
     def admitted(self, request: GenerationRequest) -> None:
-        label = protocol_label(request.protocol)
-        self.generations.labels(label).inc()
-        self._inflight[label].inc()
+        series = self._of(request)
+        series.admitted.value += 1
+        series.inflight.value += 1
         if self.request_log is not None:
             self.request_log.admitted(request)
 
     def first_token(self, request: GenerationRequest, seconds: float) -> None:
-        self._ttft[protocol_label(request.protocol)].observe(seconds)
+        self._of(request).ttft.observe(seconds)
 
-    def token_gap(self, request: GenerationRequest, seconds: float) -> None:
-        self._itl[protocol_label(request.protocol)].observe(seconds)
+    def token_gap(self, request: GenerationRequest, seconds: float, times: int = 1) -> None:
+        self._of(request).itl.observe(seconds, times)
 
     def finished(
         self,
@@ -277,14 +258,14 @@ class GatewayMetrics:
         usage: Usage | None,
         timing: Timing,
     ) -> None:
-        label = protocol_label(request.protocol)
-        self._inflight[label].dec()
-        self._e2e[label].observe(timing.seconds)
+        series = self._of(request)
+        series.inflight.value -= 1
+        series.e2e.observe(timing.seconds)
         if usage is not None:
-            self.prompt_tokens.labels(label).inc(usage.prompt_tokens)
-            self.generation_tokens.labels(label).inc(usage.completion_tokens)
+            series.prompt_tokens.value += usage.prompt_tokens
+            series.generation_tokens.value += usage.completion_tokens
         if error_type is not None:
-            self._fail(label, error_type)
+            self._fail(series.label, error_type)
         if timing.first_token_s is not None:
             self.ttft_window.add(timing.first_token_s)
         if timing.mean_token_gap_s is not None:
@@ -293,7 +274,7 @@ class GatewayMetrics:
             self.request_log.finished(request, error_type=error_type, usage=usage, timing=timing)
 
     def rejected(self, request: GenerationRequest, error_type: str) -> None:
-        self._fail(protocol_label(request.protocol), error_type)
+        self._fail(self.label(request.protocol), error_type)
         if self.request_log is not None:
             self.request_log.rejected(request, error_type)
 
@@ -301,20 +282,59 @@ class GatewayMetrics:
         known = error_type if error_type in self._error_types else "other"
         self.failures.labels(label, known).inc()
 
-    # ---- HTTP ----------------------------------------------------------------------------
-    def http_response(self, protocol: str, endpoint: str, status: int) -> None:
-        self.http_requests.labels(protocol, endpoint, str(status)).inc()
+    # ---- HttpObserver ----------------------------------------------------------------------
+    def response(
+        self, scope: Scope, owner: str, endpoint: str, status: int, seconds: float
+    ) -> None:
+        key = (owner, endpoint, status)
+        count = self._responses.get(key)
+        if count is None:
+            count = self._responses[key] = self.http_requests.labels(
+                self.label(owner), endpoint, str(status)
+            )
+        count.value += 1
+        if self.access_log:
+            access_logger.info(
+                "%s %s %d %s %.1fms", scope.get("method"), scope.get("path"), status, owner,
+                seconds * 1000,
+            )
+
+
+class _Series:
+    """One protocol's request metrics, looked up once (a dict hit per event, no `labels()`)."""
+
+    __slots__ = (
+        "admitted", "e2e", "generation_tokens", "inflight", "itl", "label", "prompt_tokens", "ttft",
+    )
+
+    def __init__(self, metrics: GatewayMetrics, label: str) -> None:
+        self.label = label
+        self.admitted = metrics.generations.labels(label)
+        self.prompt_tokens = metrics.prompt_tokens.labels(label)
+        self.generation_tokens = metrics.generation_tokens.labels(label)
+        self.inflight = metrics.inflight.labels(label)
+        self.ttft = metrics.ttft.labels(label)
+        self.itl = metrics.itl.labels(label)
+        self.e2e = metrics.e2e.labels(label)
+
+
+class LiveState:
+    """What the gateway's live gauges read at scrape time."""
+
+    def __init__(self, lifecycle: Lifecycle, admission: Admission, adapters: AdapterRegistry):
+        self.lifecycle = lifecycle
+        self.admission = admission
+        self.adapters = adapters
 
 
 class LiveStateCollector(Collector):
-    """Gauges read from the service at scrape time: nothing to keep in sync."""
+    """Gauges read at scrape time: nothing to keep in sync."""
 
-    def __init__(self, service: InferenceService) -> None:
-        self._service = service
+    def __init__(self, live: LiveState) -> None:
+        self._live = live
 
     def collect(self) -> Iterable[Metric]:
-        service = self._service
-        lifecycle = service.lifecycle
+        lifecycle = self._live.lifecycle
         state = GaugeMetricFamily(
             "gateway_lifecycle_state", "1 for the current lifecycle state.", labels=["state"]
         )
@@ -328,12 +348,12 @@ class LiveStateCollector(Collector):
         yield GaugeMetricFamily(
             "gateway_requests_queued",
             "Requests waiting for an admission slot.",
-            value=service.admission.waiting,
+            value=self._live.admission.waiting,
         )
         yield GaugeMetricFamily(
             "gateway_adapters_loaded",
             "LoRA adapters registered.",
-            value=len(service.adapters.names()),
+            value=len(self._live.adapters.names()),
         )
 
 
@@ -380,62 +400,6 @@ class AdapterCollector(Collector):
         yield residency
 
 
-class HttpMetricsMiddleware:
-    """Counts every HTTP response by protocol, route template and status; writes the access log.
-
-    Pure ASGI (never buffers a stream). The endpoint label is the matched route's template,
-    never the raw path; the protocol comes from the route's owner (`owners`: id(route) → label),
-    or from the endpoint when a shared path was dispatched by its body.
-    """
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        metrics: GatewayMetrics,
-        owners: Mapping[int, str],
-        access_log: bool = False,
-    ) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.owners = owners
-        self.access_log = access_log
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500  # if the app dies before answering, the server answers 500
-
-        async def observe_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, observe_status)
-        finally:
-            self._record(scope, status, time.perf_counter() - started)
-
-    def _record(self, scope: Scope, status: int, seconds: float) -> None:
-        route: BaseRoute | None = scope.get("route")
-        endpoint = getattr(route, "path", UNMATCHED) if route is not None else UNMATCHED
-        owner = self.owners.get(id(route), "other") if route is not None else "other"
-        protocol = scope.get(SCOPE_PROTOCOL) or owner
-        self.metrics.http_response(protocol, endpoint, status)
-        if self.access_log:
-            access_logger.info(
-                "%s %s %d %s %.1fms",
-                scope.get("method"),
-                scope.get("path"),
-                status,
-                protocol,
-                seconds * 1000,
-            )
-
-
 def prometheus_text(registries: Sequence[CollectorRegistry]) -> bytes:
     return b"".join(generate_latest(registry) for registry in registries)
 
@@ -443,7 +407,7 @@ def prometheus_text(registries: Sequence[CollectorRegistry]) -> bytes:
 def metrics_json(service: InferenceService, metrics: GatewayMetrics, instance: str) -> object:
     """MindIE's /metrics-json: TTFT and TBT means (integer ms) over the last 1000 requests,
     waiting and processing requests, free KV blocks; values are strings, `metric` a list."""
-    stats = service.engine.stats()
+    stats = service.stats()
     values = {
         "TTFT": round(metrics.ttft_window.mean * 1000),
         "TBT": round(metrics.tbt_window.mean * 1000),
@@ -466,27 +430,31 @@ def metrics_json(service: InferenceService, metrics: GatewayMetrics, instance: s
 Guard = Callable[[], Response | None]
 
 
-def metrics_routes(
+def routes(
     service: InferenceService,
     metrics: GatewayMetrics,
     *,
     registries: Sequence[CollectorRegistry],
     instance: str,
     guard: Guard,
-) -> list[BaseRoute]:
+    render: Render,
+) -> list[Route]:
     """`/metrics` (always served) and `/metrics-json` (MindIE: 503 once stopping or unhealthy;
-    `guard` returns that response or None)."""
+    `guard` returns that response or None), on the metrics and management listeners."""
 
-    async def prometheus(request: Request) -> Response:
+    async def prometheus(request: Request) -> Answer:
         return Response(prometheus_text(registries), media_type=PROMETHEUS_TEXT)
 
-    async def mindie_json(request: Request) -> Response:
+    async def mindie_json(request: Request) -> Answer:
         refusal = guard()
         if refusal is not None:
             return refusal
         return json_response(metrics_json(service, metrics, instance))
 
-    return [
-        Route("/metrics", prometheus, methods=["GET"]),
-        Route("/metrics-json", mindie_json, methods=["GET"]),
-    ]
+    out = RouteList(
+        owner=NAME, render=render, access=Access.METRICS,
+        listeners=frozenset({MANAGEMENT, METRICS}),
+    )
+    out.get("/metrics", prometheus, doc=Doc(summary="Prometheus text (vllm: and gateway_)"))
+    out.get("/metrics-json", mindie_json, doc=Doc(summary="MindIE JSON metrics"))
+    return out.routes

@@ -1,4 +1,4 @@
-"""Container health probe: `python -m server.healthcheck --url URL [--ca --cert --key]`.
+"""Container health probe: `python -m server.dev.healthcheck --url URL [--ca --cert --key]`.
 
 Exit 0 when the URL answers 200, else 1, as Docker's HEALTHCHECK and exec probes expect. Speaks
 mutual TLS to the management listener with a mounted client certificate. Standard library only,

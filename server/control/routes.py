@@ -16,25 +16,24 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
-from protocols._common import jsonio
-from protocols._common.http import json_response
-from server.core.errors import GatewayError, Overloaded
-from server.core.lifecycle import Lifecycle, Role, State
+from server.core.errors import GatewayError, Overloaded, PayloadTooLarge, Unauthorized
+from server.core.lifecycle import Lifecycle, Role, Shutdown, State
 from server.core.service import InferenceService
 from server.core.types import GenerationRequest, Sampling, TextPrompt
-from server.settings import redacted
+from server.http import jsonio
+from server.http.body import json_response
+from server.http.routes import MANAGEMENT, Access, Answer, Doc, Route, RouteList
 
-if TYPE_CHECKING:
-    from server.gateway import Gateway
+NAME = "control"
+LIVE_PATHS = frozenset({"/v2/health/live"})  # answers 200 while the engine starts
 
 REASONS = {
     400: "Bad Request",
@@ -63,6 +62,29 @@ def mindie_error(
 ) -> Response:
     body = {"error": message, "error_type": error_type or REASONS.get(status, "Bad Request")}
     return json_response(body, status, headers)
+
+
+CONTROL_STATUS: tuple[tuple[type[GatewayError], int, str], ...] = (
+    (Unauthorized, 401, "Unauthorized"),
+    (PayloadTooLarge, 413, "Payload Too Large"),
+)
+
+
+def render(exc: GatewayError) -> Response:
+    """The control plane's (MindIE) envelope `{"error", "error_type"}` for a domain error."""
+    status, reason = next(
+        ((code, reason) for cls, code, reason in CONTROL_STATUS if isinstance(exc, cls)),
+        (400, "Bad Request"),
+    )
+    return mindie_error(status, exc.message, error_type=reason)
+
+
+def not_found(scope: Scope) -> Response:
+    return mindie_error(404, f"No route {scope['path']} on the management listener.")
+
+
+def method_not_allowed(allowed: tuple[str, ...]) -> Response:
+    return mindie_error(405, "Method Not Allowed", headers={"Allow": ", ".join(allowed)})
 
 
 def message(status: int, text: str) -> Response:
@@ -122,7 +144,7 @@ def unknown_model(service: InferenceService, name: str) -> Response | None:
 
 def slot_count(service: InferenceService) -> dict[str, int]:
     """MindIE getSlotCount: engine batch slots and the tokens the free KV blocks can hold."""
-    info, stats = service.engine.info(), service.engine.stats()
+    info, stats = service.info(), service.stats()
     return {
         "total_slots": info.max_num_seqs,
         "free_slots": max(0, info.max_num_seqs - stats.running),
@@ -130,39 +152,38 @@ def slot_count(service: InferenceService) -> dict[str, int]:
     }
 
 
-def health_routes(gateway: Gateway) -> list[BaseRoute]:
-    """MindIE's health family. Registered after the data routes, so on a shared port each
-    protocol's own health shape wins and these serve the management listener."""
-    service = gateway.service
+def health_routes(service: InferenceService, out: RouteList) -> None:
+    """MindIE's health family on the management listener (on a port shared with the data
+    listener, the protocols' own health shapes win: they declare overrides)."""
 
-    async def v2_live(request: Request) -> Response:
+    async def v2_live(request: Request) -> Answer:
         return live(service)
 
-    async def v2_ready(request: Request) -> Response:
+    async def v2_ready(request: Request) -> Answer:
         return ready(service)
 
-    async def health(request: Request) -> Response:
+    async def health(request: Request) -> Answer:
         return model_health(service)
 
-    async def model_ready(request: Request) -> Response:
+    async def model_ready(request: Request) -> Answer:
         return unknown_model(service, request.path_params["model"]) or model_health(service)
 
-    async def get_slot_count(request: Request) -> Response:
+    async def get_slot_count(request: Request) -> Answer:
         refusal = unavailable(service.lifecycle) or unknown_model(
             service, request.path_params["model"]
         )
         return refusal or json_response(slot_count(service))
 
+    probe = Access.OPEN
     versioned = "/v2/models/{model}/versions/{version}"
-    return [
-        Route("/v2/health/live", v2_live, methods=["GET"]),
-        Route("/v2/health/ready", v2_ready, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/v2/models/{model}/ready", model_ready, methods=["GET"]),
-        Route(f"{versioned}/ready", model_ready, methods=["GET"]),
-        Route("/v2/models/{model}/getSlotCount", get_slot_count, methods=["GET"]),
-        Route(f"{versioned}/getSlotCount", get_slot_count, methods=["GET"]),
-    ]
+    out.get("/v2/health/live", v2_live, access=probe, doc=Doc(summary="Liveness (open)"))
+    out.get("/v2/health/ready", v2_ready, access=probe, doc=Doc(summary="Readiness (open)"))
+    out.get("/health", health, access=probe, doc=Doc(summary="Model health (open)"))
+    for prefix in ("/v2/models/{model}", versioned):
+        out.get(f"{prefix}/ready", model_ready, access=probe,
+                doc=Doc(summary="Model readiness (open)"))
+        out.get(f"{prefix}/getSlotCount", get_slot_count, access=Access.DATA,
+                doc=Doc(summary="Free engine slots"))
 
 
 # ---- /health/timed ------------------------------------------------------------------------
@@ -185,7 +206,7 @@ async def probe(service: InferenceService, seconds: int) -> Response:
     healthy = json_response({"status": "healthy"})
     if not service.lifecycle.role.admits_requests:
         try:
-            await asyncio.wait_for(service.engine.check_health(), seconds)
+            await asyncio.wait_for(service.check_health(), seconds)
         except (GatewayError, TimeoutError) as exc:
             return mindie_error(500, f"Engine health check failed: {exc}")
         return healthy
@@ -208,8 +229,8 @@ async def probe(service: InferenceService, seconds: int) -> Response:
     return healthy
 
 
-def timed_health(service: InferenceService) -> list[BaseRoute]:
-    async def endpoint(request: Request) -> Response:
+def timed_health(service: InferenceService, out: RouteList) -> None:
+    async def endpoint(request: Request) -> Answer:
         state = service.lifecycle.state
         if state in (State.DRAINING, State.STOPPED):
             return json_response({"status": "healthy"})  # MindIE: healthy while stopping
@@ -220,10 +241,9 @@ def timed_health(service: InferenceService) -> list[BaseRoute]:
             return wait
         return await probe(service, wait)
 
-    return [
-        Route("/health/timed", endpoint, methods=["GET"]),
-        Route("/health/timed-{seconds}", endpoint, methods=["GET"]),
-    ]
+    doc = Doc(summary="One-token probe (open)")
+    out.get("/health/timed", endpoint, access=Access.OPEN, doc=doc)
+    out.get("/health/timed-{seconds}", endpoint, access=Access.OPEN, doc=doc)
 
 
 # ---- status, config -----------------------------------------------------------------------
@@ -232,10 +252,28 @@ class RoleState:
     p_percentage: int | None = None  # flex only: share of prefill work (MindIE)
 
 
-def status_body(gateway: Gateway, roles: RoleState, *, v2: bool) -> dict[str, Any]:
-    service = gateway.service
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigFacts:
+    """What `/v1/config` reports: MindIE's fields, and the resolved settings (secrets redacted)
+    as the operator writes them."""
+
+    model_name: str
+    kv_cache_gib: int
+    world_size: int
+    settings: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ControlContext:
+    service: InferenceService
+    config: ConfigFacts
+    shutdown: Shutdown
+    openapi: Callable[[str], dict[str, Any] | None]  # a listener's OpenAPI document
+
+
+def status_body(service: InferenceService, roles: RoleState, *, v2: bool) -> dict[str, Any]:
     lifecycle = service.lifecycle
-    stats = service.engine.stats()
+    stats = service.stats()
     slots = slot_count(service)
     role: dict[str, Any] = {"roleStatus": "RoleReady", "currentRole": lifecycle.role.value}
     if lifecycle.role is Role.FLEX and roles.p_percentage is not None:
@@ -272,20 +310,18 @@ def status_body(gateway: Gateway, roles: RoleState, *, v2: bool) -> dict[str, An
     }
 
 
-def config_body(gateway: Gateway) -> dict[str, Any]:
+def config_body(service: InferenceService, facts: ConfigFacts) -> dict[str, Any]:
     """MindIE's /v1/config fields, then the whole resolved configuration, secrets redacted."""
-    settings = gateway.settings
-    info = gateway.engine.info()
-    model = settings.model
+    info = service.info()
     return {
-        "modelName": model.name,
+        "modelName": facts.model_name,
         "maxSeqLen": info.max_model_len,
         "npuMemSize": -1,
-        "cpuMemSize": model.kv_cache_space_gib,
-        "worldSize": model.tensor_parallel_size * model.pipeline_parallel_size,
+        "cpuMemSize": facts.kv_cache_gib,
+        "worldSize": facts.world_size,
         "maxOutputLen": info.max_model_len,
         "cacheBlockSize": info.block_size,
-        "settings": redacted(settings),
+        "settings": dict(facts.settings),
     }
 
 
@@ -318,11 +354,9 @@ def topology_error(body: bytes, *, v2: bool) -> str | None:
     return next((reason for bad, reason in problems if bad), None)
 
 
-def role_routes(gateway: Gateway, roles: RoleState) -> list[BaseRoute]:
-    lifecycle = gateway.lifecycle
-
-    def switcher(allowed: tuple[Role, ...], *, v2: bool) -> Any:
-        async def endpoint(request: Request) -> Response:
+def role_routes(lifecycle: Lifecycle, roles: RoleState, out: RouteList) -> None:
+    def switcher(allowed: tuple[Role, ...], *, v2: bool) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Answer:
             role = parse_role(request.path_params["role"], allowed)
             if isinstance(role, Response):
                 return role
@@ -340,82 +374,70 @@ def role_routes(gateway: Gateway, roles: RoleState) -> list[BaseRoute]:
 
         return endpoint
 
-    return [
-        Route("/v1/role/{role}", switcher(ROLES_V1, v2=False), methods=["POST"]),
-        Route("/v2/role/{role}", switcher(ROLES_V2, v2=True), methods=["POST"]),
-    ]
+    out.post("/v1/role/{role}", switcher(ROLES_V1, v2=False),
+             doc=Doc(summary="Switch role", body=ROLE_TOPOLOGY))
+    out.post("/v2/role/{role}", switcher(ROLES_V2, v2=True),
+             doc=Doc(summary="Switch role (v2)", body=ROLE_TOPOLOGY))
+
+
+ROLE_TOPOLOGY: dict[str, Any] = {
+    "type": "object",
+    "properties": {"local": {}, "peers": {"type": "array"}},
+}
 
 
 # ---- stop ---------------------------------------------------------------------------------
-def stop_routes(gateway: Gateway) -> list[BaseRoute]:
-    async def stop_service(request: Request) -> Response:
+def stop_routes(shutdown: Shutdown, out: RouteList) -> None:
+    async def stop_service(request: Request) -> Answer:
         mode = request.query_params.get("mode")
         if mode not in (None, "Force"):
             return mindie_error(400, f"mode must be Force or absent, got '{mode}'")
-        gateway.request_stop(force=mode == "Force")
-        await gateway.drained.wait()
+        shutdown.request(force=mode == "Force")
+        await shutdown.drained.wait()
         return Response(status_code=200)
 
-    return [Route("/stopService", stop_service, methods=["GET"])]
+    out.get("/stopService", stop_service,
+            doc=Doc(summary="Graceful stop (`mode=Force` aborts)", query=("mode",)))
 
 
-def control_routes(gateway: Gateway) -> list[BaseRoute]:
-    """The management listener's own routes (health family excluded: see `health_routes`)."""
+def routes(ctx: ControlContext) -> list[Route]:
+    """The management listener's own routes: control plane (admin) and health family (open)."""
+    service = ctx.service
+    out = RouteList(
+        owner=NAME, render=render, listeners=frozenset({MANAGEMENT}), access=Access.ADMIN
+    )
     roles = RoleState()
 
-    async def status_v1(request: Request) -> Response:
-        return unavailable(gateway.lifecycle) or json_response(
-            status_body(gateway, roles, v2=False)
+    async def status_v1(request: Request) -> Answer:
+        return unavailable(service.lifecycle) or json_response(
+            status_body(service, roles, v2=False)
         )
 
-    async def status_v2(request: Request) -> Response:
-        return unavailable(gateway.lifecycle) or json_response(status_body(gateway, roles, v2=True))
+    async def status_v2(request: Request) -> Answer:
+        return unavailable(service.lifecycle) or json_response(
+            status_body(service, roles, v2=True)
+        )
 
-    async def config(request: Request) -> Response:
-        return json_response(config_body(gateway))
+    async def config(request: Request) -> Answer:
+        return json_response(config_body(service, ctx.config))
 
-    return [
-        *stop_routes(gateway),
-        Route("/v1/status", status_v1, methods=["GET"]),
-        Route("/v2/status", status_v2, methods=["GET"]),
-        Route("/v1/config", config, methods=["GET"]),
-        *role_routes(gateway, roles),
-        *timed_health(gateway.service),
-    ]
+    async def openapi(request: Request) -> Answer:
+        listener = request.query_params.get("listener", "data")
+        document = ctx.openapi(listener)
+        if document is None:
+            return json_response(
+                {"error": "listener must be one of data, management, metrics",
+                 "error_type": "Bad Request"},
+                400,
+            )
+        return json_response(document)
 
-
-# ---- errors and drain behaviour of the management app -------------------------------------
-async def not_found(request: Request, exc: Exception) -> Response:
-    return mindie_error(404, f"No route {request.url.path} on the management listener.")
-
-
-async def http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    headers = dict(exc.headers or {})
-    return mindie_error(exc.status_code, str(exc.detail), headers=headers)
-
-
-EXCEPTION_HANDLERS = {404: not_found, HTTPException: http_error}
-
-
-class DrainMiddleware:
-    """While draining, every response says `Connection: close`, so clients and load balancers
-    move their keep-alive connections elsewhere."""
-
-    def __init__(self, app: ASGIApp, *, lifecycle: Lifecycle) -> None:
-        self.app = app
-        self.lifecycle = lifecycle
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        lifecycle = self.lifecycle
-
-        async def close_when_draining(message: Message) -> None:
-            if message["type"] == "http.response.start" and lifecycle.state is not State.READY:
-                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
-                message = {**message, "headers": [*kept, (b"connection", b"close")]}
-            await send(message)
-
-        await self.app(scope, receive, close_when_draining)
+    stop_routes(ctx.shutdown, out)
+    out.get("/v1/status", status_v1, doc=Doc(summary="Status"))
+    out.get("/v2/status", status_v2, doc=Doc(summary="Status (v2)"))
+    out.get("/v1/config", config, doc=Doc(summary="Configuration, secrets redacted"))
+    role_routes(service.lifecycle, roles, out)
+    timed_health(service, out)
+    out.get("/openapi.json", openapi, doc=Doc(summary="This description", query=("listener",)))
+    health_routes(service, out)
+    return out.routes

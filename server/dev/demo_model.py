@@ -12,7 +12,7 @@ The model is nonsense by design; it exists so the serving stack (vLLM with LoRA)
 :data:`BUILD_VERSION`, :func:`build_demo` returns at once without importing torch. A build
 happens in a temporary directory beside ``<out>`` which is renamed into place when finished.
 
-Usage: ``python -m server.demo_model [--out build/demo] [--force]``.
+Usage: ``python -m server.dev.demo_model [--out build/demo] [--force]``.
 """
 
 from __future__ import annotations
@@ -338,7 +338,7 @@ def _break_adapter(corrupt: Path, noconfig: Path) -> None:
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m server.demo_model",
+        prog="python -m server.dev.demo_model",
         description="Build the tiny offline demo model, tokenizer and LoRA adapters.",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output dir (build/demo)")

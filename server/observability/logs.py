@@ -6,10 +6,9 @@ import json
 import logging
 import time
 
-from server.core.service import Timing
+from server.core.stream import Timing
 from server.core.types import ChatPrompt, GenerationRequest, TextPrompt, Usage
-from server.middleware import request_id_var
-from server.settings import LoggingSettings
+from server.http.context import request_id_var
 
 request_logger = logging.getLogger("gateway.requests")
 PROMPT_LOG_CHARS = 2000
@@ -36,10 +35,10 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-def configure_logging(settings: LoggingSettings) -> None:
+def configure_logging(level: str, *, json_format: bool) -> None:
     handler = logging.StreamHandler()
     handler.addFilter(RequestIdFilter())
-    if settings.json_format:
+    if json_format:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(
@@ -47,15 +46,14 @@ def configure_logging(settings: LoggingSettings) -> None:
         )
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(settings.level)
+    root.setLevel(level)
 
 
 class RequestLog:
     """One line per generation when admitted and one when it ends (or is refused).
 
-    Prompts are never logged unless `log_prompts` (config.json: LoggingConfig.logPrompts) is
-    set. Lines are INFO when the access log is on, else DEBUG; the request id comes from the
-    context.
+    Prompts are never logged unless `log_prompts` (LoggingConfig.logPrompts) is set. Lines are
+    INFO when the access log is on, else DEBUG; the request id comes from the context.
     """
 
     def __init__(self, *, log_prompts: bool = False, level: int = logging.DEBUG) -> None:

@@ -1,0 +1,1 @@
+"""The control plane: MindIE's management routes, the health family and the OpenAPI documents."""

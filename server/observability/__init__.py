@@ -1,0 +1,1 @@
+"""Metrics (Prometheus, MindIE JSON) and logs: how the gateway reports what it does."""

@@ -1,0 +1,1 @@
+"""The process: listeners and their TLS and limits, engine start, drain and stop."""
