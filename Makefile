@@ -24,13 +24,13 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 demo: install
-	HF_HUB_OFFLINE=1 $(PY) -m server.demo_model --out build/demo
+	HF_HUB_OFFLINE=1 $(PY) -m server.dev.demo_model --out build/demo
 
 certs: install
 	$(PY) certs/generate.py --out certs
 
 serve: install demo certs
-	$(PY) -m server.examples --config $(CONFIG)
+	$(PY) -m server.dev.examples --config $(CONFIG)
 	HF_HUB_OFFLINE=1 $(PY) -m server --config $(CONFIG)
 
 lint: install
@@ -44,13 +44,15 @@ imports: install
 
 check: lint typecheck imports
 
+# The unit tier runs first and on its own, with torch, vllm and transformers unimportable.
 unit: install
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest tests/unit -q -p tests.unit.isolation
 
-test: install demo certs check
-	$(PY) -m pytest -q
+test: install demo certs check unit
+	$(PY) -m pytest -q tests/integration tests/conformance
 
-# Gateway vs vLLM's own server, protocol ceiling, multi-LoRA, scaling: bench/README.md (~15 min).
+# Gateway vs vLLM's own server, protocol ceiling (Python client and wrk), multi-LoRA, scaling,
+# batch first byte: bench/README.md (~20 min).
 bench: install demo certs
 	$(PY) -m bench all
 
