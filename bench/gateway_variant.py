@@ -1,8 +1,8 @@
 """The gateway's own command line with benchmark-only switches, each changing one thing:
 
-  --no-metrics     the request observer becomes the core's `NullObserver` and the HTTP metrics
-                   middleware a pass-through (prices the metrics: scenario B; the product has
-                   no such switch);
+  --no-metrics     the request observer becomes the core's `NullObserver` and the HTTP
+                   observer a no-op (prices the metrics: scenario B; the product has no such
+                   switch);
   --gc-log FILE    log every garbage-collector pause of 10 ms or more as a JSON line (wall-clock
                    end time, generation, milliseconds): passive, to find stalls in scenario A;
   --gc-freeze      `gc.collect()` + `gc.freeze()` when the server turns ready, as vLLM's own API
@@ -19,32 +19,25 @@ import sys
 import time
 from typing import Any
 
-from starlette.types import ASGIApp, Receive, Scope, Send
-
 _PAUSE_MS = 10.0
 
 
-class _PassThrough:
-    def __init__(self, app: ASGIApp, **_: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.app(scope, receive, send)
-
-
 def _without_metrics() -> None:
-    import server.gateway
-    import server.runtime
-    from server.core.service import NullObserver
+    import server.runtime.process
+    from server.core.stream import NullObserver
+    from server.observability.metrics import GatewayMetrics
 
-    original = server.gateway.build_gateway
+    original = server.runtime.process.build_gateway
 
     def build_gateway(*args: Any, **kwargs: Any) -> Any:
         kwargs["observer"] = NullObserver()
         return original(*args, **kwargs)
 
-    server.runtime.build_gateway = build_gateway  # type: ignore[assignment]
-    server.gateway.HttpMetricsMiddleware = _PassThrough  # type: ignore[assignment,misc]
+    def no_response(self: GatewayMetrics, *args: Any) -> None:
+        return None
+
+    server.runtime.process.build_gateway = build_gateway  # type: ignore[assignment]
+    GatewayMetrics.response = no_response  # type: ignore[method-assign]
 
 
 def _log_gc(path: str) -> None:

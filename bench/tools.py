@@ -124,8 +124,8 @@ BUCKETS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pydantic, JSON", ("/pydantic", "orjson", "/json/")),
     ("core service, admission, adapters", ("/server/core/",)),
     ("tokenizer, chat template", ("/transformers/", "tokenizers", "/jinja2/", "/vllm/renderers/")),
-    ("fake engine", ("/server/engine/fake.py",)),
-    ("engine client (vLLM AsyncLLM, IPC)", ("/vllm/", "/server/engine/", "/zmq/", "msgspec")),
+    ("fake engine", ("/server/engines/fake.py",)),
+    ("engine client (vLLM AsyncLLM, IPC)", ("/vllm/", "/server/engines/", "/zmq/", "msgspec")),
     ("asyncio, uvloop", ("/asyncio/", "/uvloop/", "/selectors.py", "/threading.py", "/queue.py")),
 )
 
