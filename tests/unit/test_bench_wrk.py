@@ -1,12 +1,25 @@
 """The benchmark's wrk arm and batch timing: wrk's report parsed, flagged runs, the request carried
-into wrk's Lua script byte for byte, batch streams split per prompt."""
+into wrk's Lua script byte for byte, streamed responses counted and checked, batch streams split
+per prompt."""
 
 from __future__ import annotations
 
 import pytest
 
 from bench.batch import BatchTiming, _Splitter, batch_body
-from bench.wrk import lua_script, lua_string, parse_wrk
+from bench.protocols import PROTOCOLS
+from bench.wrk import (
+    StreamCount,
+    bytes_problem,
+    check_problems,
+    count_stream,
+    lua_script,
+    lua_string,
+    parse_response,
+    parse_wrk,
+    request_bytes,
+    split_events,
+)
 
 # wrk 4.1.0 (Debian), as printed against the fake gateway and against a server answering 500.
 CLEAN = """\
@@ -90,6 +103,136 @@ def test_the_wrk_script_sets_method_path_body_and_the_clients_headers() -> None:
     assert 'wrk.body = "{\\"inputs\\":\\"x\\"}"' in script
     assert 'wrk.headers["Content-Type"] = "application/json"' in script
     assert "function request" not in script  # static: wrk builds the request once
+
+
+# A streamed run: the script's done() callback prints the exact totals after wrk's own report.
+STREAMED = """\
+Running 1s test @ http://127.0.0.1:52847/invocations
+  1 threads and 32 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency    47.22ms   63.32ms 441.74ms   91.05%
+    Req/Sec     0.97k   656.57     2.38k    80.00%
+  Latency Distribution
+     50%   30.31ms
+     75%   44.86ms
+     90%   95.04ms
+     99%  341.43ms
+  973 requests in 1.00s, 4.15MB read
+Requests/sec:    969.99
+Transfer/sec:      4.14MB
+bench-totals: requests 973 bytes 4353597
+"""
+
+
+def test_the_exact_byte_count_of_a_streamed_run_is_read_from_the_done_line() -> None:
+    result = parse_wrk(STREAMED)
+    assert (result.requests, result.bytes_read) == (973, 4353597)
+    assert not result.flagged
+    assert parse_wrk(CLEAN).bytes_read is None  # non-streamed scripts print no totals
+
+
+def test_a_streamed_script_prints_totals_once_and_reads_no_response_in_lua() -> None:
+    script = lua_script("POST", "/infer", b"{}", {}, totals=True)
+    assert "function done(summary, latency, requests)" in script
+    assert "summary.requests, summary.bytes" in script
+    assert '"bench-totals: requests %.0f bytes %.0f\\n"' in script
+    assert "function response" not in script  # no per-response Lua call
+    assert "function request" not in script
+    assert "function done" not in lua_script("POST", "/infer", b"{}", {})
+
+
+ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+def test_a_chat_stream_has_more_events_than_token_events() -> None:
+    body = ROLE + TOKEN + TOKEN + USAGE + DONE
+    assert split_events(body, b"\n\n") == [ROLE, TOKEN, TOKEN, USAGE, DONE]
+    count = count_stream(PROTOCOLS["openai-chat"], body)
+    assert count == StreamCount(events=5, text_events=2, tokens=2, error=None, body_bytes=len(body))
+
+
+def test_json_lines_are_counted_line_by_line_and_blank_lines_are_not_events() -> None:
+    line = b'{"token":{"id":1,"text":"a ","log_prob":-0.5}}\n'
+    last = b'{"token":{"id":1,"text":"a ","log_prob":-0.5},"generated_text":"a a","details":'
+    last += b'{"generated_tokens":3}}\n'
+    body = line + b"\n" + line + last
+    count = count_stream(PROTOCOLS["djl"], body)
+    assert (count.events, count.text_events, count.tokens, count.error) == (3, 3, 3, None)
+
+
+def test_an_in_band_error_or_an_unreadable_event_is_reported() -> None:
+    error = b'data: {"error":{"message":"boom"}}\n\n'
+    assert "boom" in (count_stream(PROTOCOLS["tgi"], error).error or "")
+    broken = count_stream(PROTOCOLS["tgi"], b"data: {not json\n\n")
+    assert broken.error is not None
+    assert broken.text_events == 0
+
+
+def test_a_checked_response_must_match_the_capture() -> None:
+    expected = StreamCount(events=67, text_events=64, tokens=64, error=None, body_bytes=15518)
+    assert check_problems(200, expected, expected) == []
+    short = StreamCount(events=40, text_events=37, tokens=None, error="engine died", body_bytes=9)
+    problems = check_problems(500, short, expected)
+    assert problems[0] == "check request answered 500"
+    assert any("engine died" in p for p in problems)
+    assert any("37 token events, the capture has 64" in p for p in problems)
+    assert any("40 events, the capture has 67" in p for p in problems)
+
+
+def test_wrks_byte_count_must_fit_whole_responses_plus_one_partial_per_connection() -> None:
+    # 973 responses of 4,473 bytes = 4,352,229; 32 connections may each hold part of one more
+    assert bytes_problem(4_353_597, 973, 32, 4473) is None
+    assert bytes_problem(973 * 4473 + 30 * 4473, 973, 32, 4473) is None
+    cut = bytes_problem(973 * 3000, 973, 32, 4473)
+    assert cut is not None
+    assert "3000 bytes per response" in cut
+    assert bytes_problem(973 * 4473 * 2, 973, 32, 4473) is not None
+    assert bytes_problem(None, 973, 32, 4473) is not None  # the done() line went missing
+    assert bytes_problem(0, 0, 32, 4473) is None  # nothing completed: flagged elsewhere
+
+
+CHUNKED = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n"
+)
+
+
+def test_a_chunked_response_is_decoded_and_its_wire_size_counted() -> None:
+    response = parse_response(CHUNKED + b"HTTP/1.1 200 OK\r\n")  # the next response is not read
+    assert response is not None
+    assert (response.status, response.body, response.chunks) == (200, b"hello world", 2)
+    assert response.wire_bytes == len(CHUNKED)
+    assert response.headers["content-type"] == "text/event-stream"
+
+
+def test_an_incomplete_response_is_none_until_its_last_chunk_and_blank_line() -> None:
+    for end in range(len(CHUNKED)):
+        assert parse_response(CHUNKED[:end]) is None
+    trailer = CHUNKED[:-2] + b"x-trailer: 1\r\n\r\n"
+    parsed = parse_response(trailer)
+    assert parsed is not None
+    assert parsed.wire_bytes == len(trailer)
+
+
+def test_a_content_length_response_and_what_is_not_http() -> None:
+    raw = b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\n\r\noops"
+    response = parse_response(raw)
+    assert response is not None
+    assert (response.status, response.body, response.chunks) == (500, b"oops", None)
+    assert parse_response(raw[:-1]) is None
+    with pytest.raises(ValueError, match="not an HTTP"):
+        parse_response(b"SSH-2.0-OpenSSH\r\n\r\n")
+
+
+def test_the_check_request_is_the_scripts_request() -> None:
+    raw = request_bytes("POST", "/infer", "127.0.0.1:8000", b"{}", {"Content-Type": "a/b"})
+    assert raw == (
+        b"POST /infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: a/b\r\n"
+        b"Content-Length: 2\r\n\r\n{}"
+    )
 
 
 def test_a_batch_body_lists_its_prompts_and_one_prompt_stays_a_string() -> None:
