@@ -6,8 +6,10 @@ A  gateway vs vLLM's own OpenAI server, same engine flags, demo model, prompts, 
    each) do not eat the time budget. Pairs are formed window by window in that order.
 B  protocol-layer ceiling: gateway on the zero-delay FakeEngine vs a bare Starlette + uvicorn
    endpoint replaying the gateway's own bytes; plain, mutual TLS, and metrics off; per protocol.
-   Non-streamed requests also with wrk (a C load generator, plain HTTP), gateway and bare
-   sessions alternating in each round. Then the batch first byte: a streamed completion with
+   Non-streamed and streamed requests also with wrk (a C load generator, plain HTTP), gateway
+   and bare sessions alternating in each round; a streamed window's events/s = wrk's requests/s
+   x the events of one response (the bare arm's capture), each window checked with one request
+   and wrk's byte count. Then the batch first byte: a streamed completion with
    1, 8 and 32 prompts on the fake engine with a per-token delay.
    Server pinned to CPU 0, load generator (Python or wrk) to CPU 1.
 C  multi-LoRA on the gateway: base, 1 adapter, 8 adapters (max_loras=8), 64 adapters
@@ -27,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,7 @@ from bench.batch import time_batches
 from bench.http import BASE_HEADERS, Connection, Target
 from bench.load import Workload
 from bench.prompts import prompt_set
-from bench.protocols import PROTOCOLS, Ask
+from bench.protocols import PROTOCOLS, Ask, Protocol
 from bench.record import RESULTS, CpuProbe, Run
 from bench.servers import (
     DEMO,
@@ -51,7 +53,19 @@ from bench.servers import (
     start_vllm,
 )
 from bench.tools import Profiler, top_functions, vllm_bench_serve
-from bench.wrk import WrkResult, WrkTool, ensure_wrk, lua_script, run_wrk
+from bench.wrk import (
+    StreamCount,
+    WrkResult,
+    WrkTool,
+    bytes_problem,
+    check_problems,
+    count_stream,
+    ensure_wrk,
+    fetch_once,
+    lua_script,
+    run_wrk,
+    split_events,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,6 +90,9 @@ class Plan:
     b_wrk: bool = True
     b_wrk_window_s: int = 3  # wrk counts whole seconds
     b_wrk_warmup_s: int = 1  # a separate wrk run before each window, its figures dropped
+    b_wrk_stream: bool = True  # the streamed requests with wrk too
+    b_wrk_stream_window_s: int = 2
+    b_wrk_stream_warmup_s: int = 1
     batch_sizes: tuple[int, ...] = (1, 8, 32)
     batch_reps: int = 5
     batch_token_delay_s: float = 0.05
@@ -101,6 +118,7 @@ QUICK = Plan(
     b_rounds=1,
     b_window_s=0.5,
     b_wrk_window_s=1,
+    b_wrk_stream_window_s=1,
     batch_reps=2,
     c_reps=1,
     c_requests=48,
@@ -345,7 +363,7 @@ WRK_NO_TLS = (
 
 def scenario_b(run: Run, plan: Plan) -> None:
     prompts = prompt_set(32, 64, str(DEMO / "model"))
-    capture = run.dir / "b-capture.json"
+    capture = capture_file(run)
     client_cpus = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {WRK_CPU})
     run.note("placement", scenario="B", server_cpus=[0], client_cpus=[WRK_CPU])
@@ -374,7 +392,8 @@ def _b_session(
     rnd: int,
 ) -> None:
     """One B server's windows: the Python client on every protocol (whole, then streamed),
-    then wrk on every protocol (plain arms), then the profiles (last round, gateway)."""
+    then wrk on every protocol (plain arms; whole, then streamed), then the profiles (last
+    round, gateway)."""
     for protocol in B_PROTOCOLS:
         for stream in (False, True):
             workload = _b_workload(protocol, stream, prompts, plan)
@@ -383,6 +402,9 @@ def _b_session(
     if wrk is not None and variant in WRK_ARMS:
         for protocol in B_PROTOCOLS:
             wrk_window(run, server, variant, protocol, wrk, plan, round=rnd)
+        if plan.b_wrk_stream:
+            for protocol in B_PROTOCOLS:
+                wrk_window(run, server, variant, protocol, wrk, plan, stream=True, round=rnd)
     if plan.profile and rnd == plan.b_rounds - 1 and variant == "gateway":
         for stream in (False, True):
             workload = replace(
@@ -398,11 +420,13 @@ def _b_session(
 
 @dataclass(frozen=True, slots=True)
 class WrkSetup:
-    """wrk's path and version, and one script per protocol (the Python client's request)."""
+    """wrk's path and version, and one script per workload (the Python client's request), keyed
+    by window label: "<protocol>-whole", "<protocol>-stream"."""
 
     tool: WrkTool
     scripts: dict[str, Path]
-    requests: dict[str, dict[str, Any]]  # protocol -> path, body size and hash
+    requests: dict[str, dict[str, Any]]  # label -> path, headers, body size and hash
+    bodies: dict[str, bytes]  # label -> the request body (for the streamed windows' check)
 
 
 def wrk_setup(run: Run, plan: Plan, prompts: tuple[str, ...]) -> WrkSetup | None:
@@ -419,81 +443,175 @@ def wrk_setup(run: Run, plan: Plan, prompts: tuple[str, ...]) -> WrkSetup | None
     folder.mkdir(parents=True, exist_ok=True)
     scripts: dict[str, Path] = {}
     requests: dict[str, dict[str, Any]] = {}
+    bodies: dict[str, bytes] = {}
     for name in B_PROTOCOLS:
         protocol = PROTOCOLS[name]
-        ask = _b_workload(name, False, prompts, plan).ask(0)  # the Python arm's only request
-        body = protocol.encode(ask)
-        headers = {**BASE_HEADERS, **(protocol.headers(ask) if protocol.headers else {})}
-        path = protocol.path(ask)
-        scripts[name] = folder / f"{name}.lua"
-        scripts[name].write_text(lua_script("POST", path, body, headers))
-        requests[name] = {
-            "path": path,
-            "headers": headers,
-            "body_bytes": len(body),
-            "body_sha256": hashlib.sha256(body).hexdigest(),
-        }
+        for stream in (False, True):
+            ask = _b_workload(name, stream, prompts, plan).ask(0)  # the Python arm's request
+            body = protocol.encode(ask)
+            headers = {**BASE_HEADERS, **(protocol.headers(ask) if protocol.headers else {})}
+            path = protocol.path(ask)
+            label = f"{name}-{'stream' if stream else 'whole'}"
+            scripts[label] = folder / (f"{label}.lua" if stream else f"{name}.lua")
+            scripts[label].write_text(lua_script("POST", path, body, headers, totals=stream))
+            bodies[label] = body
+            requests[label] = {
+                "path": path,
+                "headers": headers,
+                "body_bytes": len(body),
+                "body_sha256": hashlib.sha256(body).hexdigest(),
+            }
+    whole = {n: requests[f"{n}-whole"] for n in B_PROTOCOLS}
+    streamed = {n: requests[f"{n}-stream"] for n in B_PROTOCOLS}
     run.note(
         "wrk", scenario="B", available=True, path=tool.path, version=tool.version,
-        how=tool.note, requests=requests, tls=WRK_NO_TLS, cpu=WRK_CPU,
+        how=tool.note, requests=whole, stream_requests=streamed, tls=WRK_NO_TLS, cpu=WRK_CPU,
     )  # fmt: skip
-    return WrkSetup(tool, scripts, requests)
+    return WrkSetup(tool, scripts, requests, bodies)
 
 
 def wrk_window(
-    run: Run, server: Server, arm: str, protocol: str, wrk: WrkSetup, plan: Plan, **tags: Any
+    run: Run,
+    server: Server,
+    arm: str,
+    protocol: str,
+    wrk: WrkSetup,
+    plan: Plan,
+    *,
+    stream: bool = False,
+    **tags: Any,
 ) -> dict[str, Any]:
     """One wrk window (after a warm-up run whose figures are dropped), recorded as scenario
-    "W"; a run with non-2xx responses, socket errors or an unreadable report is `flagged`."""
+    "W"; a run with non-2xx responses, socket errors or an unreadable report is `flagged`. A
+    streamed window also gets events/s (requests/s x the events of one response in the bare
+    arm's capture) and is flagged when one checked response or wrk's byte count disagree."""
     assert wrk.tool.path is not None
-    request = wrk.requests[protocol]
+    label = f"{protocol}-{'stream' if stream else 'whole'}"
+    request = wrk.requests[label]
     url = server.url + request["path"]
-    script = wrk.scripts[protocol]
+    script = wrk.scripts[label]
+    window_s = plan.b_wrk_stream_window_s if stream else plan.b_wrk_window_s
+    warmup_s = plan.b_wrk_stream_warmup_s if stream else plan.b_wrk_warmup_s
     options: dict[str, Any] = {"connections": plan.b_concurrency, "threads": 1, "cpu": WRK_CPU}
     warm = None
-    if plan.b_wrk_warmup_s > 0:
-        warm = run_wrk(wrk.tool.path, url, script, duration_s=plan.b_wrk_warmup_s, **options)
+    if warmup_s > 0:
+        warm = run_wrk(wrk.tool.path, url, script, duration_s=warmup_s, **options)
     probe = CpuProbe(server.pid, descendants(server.pid))
     probe.start()
-    done = run_wrk(wrk.tool.path, url, script, duration_s=plan.b_wrk_window_s, **options)
+    done = run_wrk(wrk.tool.path, url, script, duration_s=window_s, **options)
     probe.stop()
     result = done.result
-    log = run.dir / "wrk" / f"{server.name}-{protocol}.txt"
+    log = run.dir / "wrk" / f"{server.name}-{protocol}{'-stream' if stream else ''}.txt"
     log.write_text(" ".join(done.argv) + "\n" + done.output)
+    streamed: dict[str, Any] = {}
+    if stream:
+        streamed = _stream_check(server, protocol, label, wrk, capture_file(run), result, plan)
     summary = {
         **result.summary(),
         "completed": result.requests,
         "failed": result.errors,
         "warmup_flagged": warm.result.flagged if warm is not None else None,
+        **streamed,
     }
     settings = {
         "tool": "wrk",
         "wrk_version": wrk.tool.version,
         "protocol": protocol,
-        "stream": False,
-        "max_tokens": 16,
+        "stream": stream,
+        "max_tokens": plan.b_stream_tokens if stream else 16,
         "concurrency": plan.b_concurrency,
         "threads": 1,
-        "duration_s": plan.b_wrk_window_s,
-        "warmup_s": plan.b_wrk_warmup_s,
+        "duration_s": window_s,
+        "warmup_s": warmup_s,
         "mode": "closed",
         "argv": done.argv,
         **request,
     }
+    if stream:
+        settings["events_per_response"] = streamed["events_per_response"]
+        settings["events_source"] = STREAM_EVENTS_SOURCE
     row = run.tool_window(
-        "W", arm, server, f"{protocol}-whole", settings=settings, summary=summary, probe=probe,
+        "W", arm, server, label, settings=settings, summary=summary, probe=probe,
         duration_s=done.wall_s, client_cpu_s=done.cpu_s, wall_start=done.wall_start, **tags,
     )  # fmt: skip
     latency = result.latency_ms
     flag = "  FLAGGED: " + _wrk_problems(result) if result.flagged else ""
+    events = f" {summary['events_per_s'] or 0.0:9.0f} ev/s" if stream else ""
     print(
-        f"  W {arm:<8} {protocol + '-whole':<24} {result.requests:>6} req "
-        f"{result.req_per_s or 0.0:8.1f} req/s  p50 {latency.get('p50', 0.0):6.2f} ms "
+        f"  W {arm:<8} {label:<24} {result.requests:>6} req "
+        f"{result.req_per_s or 0.0:8.1f} req/s{events}  p50 {latency.get('p50', 0.0):6.2f} ms "
         f"p99 {latency.get('p99', 0.0):6.2f} ms  cpu wrk {row['client_cpu_share']:.2f} "
         f"server {row['server_cpu_share']:.2f}{flag}",
         flush=True,
     )
     return row
+
+
+STREAM_EVENTS_SOURCE = (
+    "token events of one streamed response as the bare arm replays it (its capture), read as "
+    "the Python client reads them"
+)
+
+
+def capture_file(run: Run) -> Path:
+    """The gateway's captured answers that the bare arm replays (written in the first session)."""
+    return run.dir / "b-capture.json"
+
+
+def captured_stream(capture: Path, protocol: Protocol, path: str) -> StreamCount:
+    """The events of the streamed answer the bare arm replays for `path`."""
+    entry = json.loads(capture.read_text())[path]["stream"]
+    return count_stream(protocol, b"".join(base64.b64decode(e) for e in entry["events"]))
+
+
+def _stream_check(
+    server: Server,
+    protocol: str,
+    label: str,
+    wrk: WrkSetup,
+    capture: Path,
+    result: WrkResult,
+    plan: Plan,
+) -> dict[str, Any]:
+    """A streamed wrk window's events/s and its checks, adding any problem to `result` (which
+    flags the window): one request of our own after the window (the same bytes as wrk's; its
+    token events and events must match the capture's), and wrk's exact byte count (whole
+    responses of that size; a cut-off stream reads fewer bytes)."""
+    wire = PROTOCOLS[protocol]
+    request = wrk.requests[label]
+    expected = captured_stream(capture, wire, request["path"])
+    check: dict[str, Any]
+    try:
+        response = fetch_once(
+            server.url, "POST", request["path"], wrk.bodies[label], request["headers"]
+        )
+    except (OSError, ValueError) as exc:
+        result.problems.append(f"check request failed: {exc!r}"[:200])
+        check = {"ok": False, "error": repr(exc)[:200]}
+    else:
+        found = count_stream(wire, response.body)
+        problems = check_problems(response.status, found, expected)
+        check = {
+            "ok": not problems, "status": response.status, **asdict(found),
+            "wire_bytes": response.wire_bytes, "chunks": response.chunks,
+        }  # fmt: skip
+        result.problems += problems
+        if response.status == 200 and (
+            problem := bytes_problem(
+                result.bytes_read, result.requests, plan.b_concurrency, response.wire_bytes
+            )
+        ):
+            result.problems.append(problem)
+    per_response = expected.text_events
+    return {
+        "events_per_response": per_response,
+        "chunks_per_response": expected.events,
+        "events_per_s": None if result.req_per_s is None else result.req_per_s * per_response,
+        "bytes_per_response": result.bytes_read / result.requests
+        if result.bytes_read is not None and result.requests
+        else None,
+        "check": check,
+    }
 
 
 def _wrk_problems(result: WrkResult) -> str:
@@ -591,8 +709,7 @@ def capture_bytes(server: Server, prompts: tuple[str, ...], plan: Plan, out: Pat
                     raise RuntimeError(f"{name} answered {response.status}: {body[:200]!r}")
                 entry: dict[str, Any] = {"content_type": response.headers.get("content-type", "")}
                 if stream:
-                    delimiter = protocol.delimiter
-                    events = [e + delimiter for e in body.split(delimiter) if e.strip(b"\n\0")]
+                    events = split_events(body, protocol.delimiter)
                     entry["events"] = [base64.b64encode(e).decode() for e in events]
                 else:
                     entry["body"] = base64.b64encode(body).decode()
