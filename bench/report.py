@@ -684,6 +684,8 @@ def b_section(results: Results) -> tuple[str, dict[str, Any]]:
         parts.append(profile_tables(results, "B"))
     wrk_text, ratios["wrk"] = wrk_section(results)
     parts.append(wrk_text)
+    wrk_stream_text, ratios["wrk_stream"] = wrk_stream_section(results)
+    parts.append(wrk_stream_text)
     if data:
         _plot_b(ratios)
         parts.append("![Scenario B ratios](plots/b_ratios.png)\n")
@@ -704,8 +706,8 @@ def _b_python(results: Results, data: dict[str, Any], ratios: dict[str, Any]) ->
         f"concurrency {_b_setting(results, 'concurrency')}, keep-alive connections opened before "
         f"timing, {_b_setting(results, 'duration_s')} s windows; non-streaming = 16 tokens per "
         f"request, streaming = {_b_stream_tokens(results)} events per request. Load generator: "
-        "the Python client (bench/load.py) in these tables; non-streamed requests again with wrk "
-        "further down.\n"
+        "the Python client (bench/load.py) in these tables; non-streamed requests and streamed "
+        "events again with wrk further down.\n"
     ]
     for mode, unit in (("whole", "non-streaming requests/s"), ("stream", "streamed events/s")):
         rows = []
@@ -756,22 +758,26 @@ def _per_round_ratios(gateway: dict[Any, Row], bare: dict[Any, Row], path: str) 
     return [r for r in found if r is not None]
 
 
-def wrk_figures(results: Results) -> dict[str, dict[str, Any]]:
+def _wrk_windows(results: Results, stream: bool) -> list[Row]:
+    return [w for w in results.select("W") if bool(w["workload"].get("stream")) == stream]
+
+
+def wrk_figures(results: Results, stream: bool = False) -> dict[str, dict[str, Any]]:
     """protocol -> wrk figures per arm (unflagged runs only), the median of per-round
-    gateway/bare ratios with its spread, the Python client's per-round ratio, flagged runs."""
+    gateway/bare ratios with its spread, the Python client's per-round ratio, flagged runs.
+    Non-streamed windows compare requests/s, streamed ones events/s."""
     out: dict[str, dict[str, Any]] = {}
-    labels = sorted({w["label"] for w in results.select("W")}, key=_b_protocol_order)
+    path = "events_per_s" if stream else "req_per_s"
+    chosen = _wrk_windows(results, stream)
+    labels = sorted({w["label"] for w in chosen}, key=_b_protocol_order)
     for label in labels:
-        every = results.select("W", label=label)
+        every = [w for w in chosen if w["label"] == label]
         clean = [w for w in every if not w["summary"].get("flagged")]
         arms = {arm: [w for w in clean if w["arm"] == arm] for arm in ("gateway", "bare")}
-        per_round = _per_round_ratios(
-            _by_round(arms["gateway"]), _by_round(arms["bare"]), "req_per_s"
-        )
+        per_round = _per_round_ratios(_by_round(arms["gateway"]), _by_round(arms["bare"]), path)
+        python_windows = {arm: results.select("B", arm=arm, label=label) for arm in arms}
         python = _per_round_ratios(
-            _by_round(results.select("B", arm="gateway", label=label)),
-            _by_round(results.select("B", arm="bare", label=label)),
-            "req_per_s",
+            _by_round(python_windows["gateway"]), _by_round(python_windows["bare"]), path
         )
         entry: dict[str, Any] = {
             "ratio": median(per_round),
@@ -781,22 +787,27 @@ def wrk_figures(results: Results) -> dict[str, dict[str, Any]]:
             "python_spread": spread(python),
             "flagged": [w for w in every if w["summary"].get("flagged")],
             "others": _others(clean),
+            "events_per_response": median(values(clean, "events_per_response")),
+            "chunks_per_response": median(values(clean, "chunks_per_response")),
         }
         for arm, windows in arms.items():
             entry[arm] = {
                 "req_per_s": median(values(windows, "req_per_s")),
+                "events_per_s": median(values(windows, "events_per_s")),
                 "p50": median(values(windows, "latency_ms.p50")),
                 "p99": median(values(windows, "latency_ms.p99")),
                 "server_cpu": median(w["server_cpu_share"] for w in windows),
                 "client_cpu": median(w["client_cpu_share"] for w in windows),
+                "python": median(values(python_windows[arm], path)),
+                "python_client_cpu": median(w["client_cpu_share"] for w in python_windows[arm]),
             }
-        out[label.removesuffix("-whole")] = entry
+        out[label.rpartition("-")[0]] = entry
     return out
 
 
 def _b_protocol_order(label: str) -> int:
     order = ["openai-chat", "tgi", "triton", "mindie", "djl"]
-    protocol = label.removesuffix("-whole")
+    protocol = label.removesuffix("-whole").removesuffix("-stream")
     return order.index(protocol) if protocol in order else len(order)
 
 
@@ -806,7 +817,7 @@ def _flag_text(window: Row) -> str:
     sockets = summary.get("socket_errors") or {}
     parts += [f"{v} socket {k} errors" for k, v in sockets.items() if v]
     parts += list(summary.get("problems") or [])
-    label = window["label"].removesuffix("-whole")
+    label = window["label"].removesuffix("-whole").removesuffix("-stream")
     what = "; ".join(parts) or "no figures"
     return f"{window['arm']} {label} round {window['tags'].get('round')}: {what}"
 
@@ -823,14 +834,14 @@ def _wrk_version(note: Row, window: Row) -> str:
 def wrk_section(results: Results) -> tuple[str, dict[str, Any]]:
     parts = ["### non-streaming requests/s with wrk (C load generator)\n"]
     notes = results.note("wrk")
-    figures = wrk_figures(results)
+    figures = wrk_figures(results, stream=False)
     if not figures:
         skipped = [n for n in notes if not n.get("available")]
         reason = f" The wrk arm was skipped: {skipped[0]['reason']}." if skipped else ""
         parts.append(NOT_MEASURED + reason + "\n")
         return "\n".join(parts), {}
     note = next((n for n in notes if n.get("available")), {})
-    window = results.select("W")[0]["workload"]
+    window = _wrk_windows(results, False)[0]["workload"]
     parts.append(
         f"wrk {_wrk_version(note, window)} against the same two plain "
         f"arms, {window['threads']} thread pinned to CPU {note.get('cpu', 1)} (`taskset`), "
@@ -875,6 +886,75 @@ def wrk_section(results: Results) -> tuple[str, dict[str, Any]]:
     flagged = [w for e in figures.values() for w in e["flagged"]]
     if flagged:
         parts.append("**Flagged wrk runs (not in the figures):**\n")
+        parts += [f"- {_flag_text(w)}" for w in flagged]
+        parts.append("")
+    return "\n".join(parts), figures
+
+
+def wrk_stream_section(results: Results) -> tuple[str, dict[str, Any]]:
+    """Streamed events/s with wrk next to the Python client's (same rounds, same arms)."""
+    parts = ["### streamed events/s with wrk (C load generator)\n"]
+    figures = wrk_figures(results, stream=True)
+    if not figures:
+        skipped = [n for n in results.note("wrk") if not n.get("available")]
+        reason = f" The wrk arm was skipped: {skipped[0]['reason']}." if skipped else ""
+        parts.append(NOT_MEASURED + reason + "\n")
+        return "\n".join(parts), {}
+    window = _wrk_windows(results, True)[0]["workload"]
+    parts.append(
+        "The streamed requests of the Python client's SSE / JSON-lines table (`stream: true`, "
+        f"{window['max_tokens']} tokens per response; the same bytes, scripts "
+        "`bench/results/<run>/wrk/<protocol>-stream.lua`), driven by wrk as above: same arms, "
+        "same rounds, each session's streamed wrk windows right after its non-streamed ones, "
+        f"{window['duration_s']} s windows after a {window['warmup_s']} s wrk run whose figures "
+        "are dropped. wrk reads each chunked response to its end, so events/s = wrk's "
+        "requests/s × the events of one response, taken from the bare arm's capture and counted "
+        "as the Python client counts them (token events; OpenAI chat's role-only opening chunk, "
+        "usage chunk and `[DONE]` are replayed but not counted, as in the Python client's "
+        "figures). No Lua callback per response (it would cost wrk a copy of every body); "
+        "instead, after each window one request of our own with the same bytes must stream the "
+        "capture's events and token events, and wrk's exact byte count (printed by the script's "
+        "`done()`) must fit the completed responses at that response's size (±5 %, plus one "
+        "partial response per connection). A run failing either, or with non-2xx responses, "
+        "socket errors or an unreadable report, is left out and listed. Ratio = median over "
+        "rounds of the round's gateway / bare events/s (min–max). Latency is per whole "
+        "response.\n"
+    )
+    rows = []
+    for protocol, entry in figures.items():
+        gateway, bare = entry["gateway"], entry["bare"]
+        rows.append([
+            protocol, fmt(gateway["events_per_s"], 0), fmt(bare["events_per_s"], 0),
+            f"**{fmt_ratio(entry['ratio'])}** ({fmt_spread(entry['spread'])})",
+            f"{fmt(gateway['req_per_s'], 0)} / {fmt(bare['req_per_s'], 0)}",
+            f"{fmt(entry['events_per_response'], 0)} ({fmt(entry['chunks_per_response'], 0)})",
+            f"{fmt(gateway['p50'], 1)} / {fmt(gateway['p99'], 1)}",
+            f"{fmt(bare['p50'], 1)} / {fmt(bare['p99'], 1)}",
+            f"{fmt(gateway['server_cpu'], 2)} / {fmt(bare['server_cpu'], 2)}",
+            fmt(bare["client_cpu"], 2),
+            f"{fmt(gateway['python'], 0)} / {fmt(bare['python'], 0)}",
+            fmt(bare["python_client_cpu"], 2),
+            f"{fmt_ratio(entry['python_ratio'])} ({fmt_spread(entry['python_spread'])})",
+            entry["others"], str(len(entry["flagged"])),
+        ])  # fmt: skip
+    parts.append(table(
+        ["protocol", "gateway events/s", "bare events/s", "ratio gateway/bare (min–max)",
+         "requests/s gateway / bare", "events per response (chunks)",
+         "gateway latency p50 / p99 ms", "bare latency p50 / p99 ms",
+         "server CPU gateway / bare", "wrk CPU (bare arm)",
+         "Python client events/s gateway / bare", "Python client CPU (bare arm)",
+         "Python client ratio, same rounds (min–max)", "other processes CPU: median (max)",
+         "flagged runs"], rows))  # fmt: skip
+    parts.append("")
+    rounds = max((e["rounds"] for e in figures.values()), default=0)
+    parts.append(
+        f"Medians over {rounds} rounds. Where the bare arm's events/s with wrk is well above the "
+        "Python client's, the Python client was the limit on the bare arm and its ratio "
+        "flattered the gateway.\n"
+    )
+    flagged = [w for e in figures.values() for w in e["flagged"]]
+    if flagged:
+        parts.append("**Flagged streamed wrk runs (not in the figures):**\n")
         parts += [f"- {_flag_text(w)}" for w in flagged]
         parts.append("")
     return "\n".join(parts), figures
@@ -984,16 +1064,20 @@ def _b_stream_tokens(results: Results) -> str:
 def _plot_b(ratios: dict[str, Any]) -> None:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    wrk = {p: {"wrk": e["ratio"]} for p, e in (ratios.get("wrk") or {}).items()}
+    wrk_by_mode = {
+        mode: {p: {"wrk": e["ratio"]} for p, e in (ratios.get(key) or {}).items()}
+        for mode, key in (("whole", "wrk"), ("stream", "wrk_stream"))
+    }
     panels = (
         ("whole", "non-streaming req/s", B_WHOLE_GOAL),
         ("stream", "SSE events/s", B_STREAM_GOAL),
     )
     for ax, (mode, title, target) in zip(axes, panels, strict=True):
         data = ratios.get(mode, {})
+        wrk = wrk_by_mode[mode]
         protocols = list(data)
         variants = ["plain", "tls", "nometrics"]
-        if mode == "whole" and wrk:
+        if wrk:
             variants.append("wrk")
         width = 0.8 / len(variants)
         for index, variant in enumerate(variants):
@@ -1303,25 +1387,24 @@ def _verdict(value: float | None, goal: float, higher: bool) -> str:
 
 
 def b_targets(b: dict[str, Any]) -> list[list[str]]:
-    """B's rows: non-streamed requests/s from wrk where measured, else from the Python client
-    (the row says which); SSE events/s from the Python client."""
+    """B's rows: non-streamed requests/s and SSE events/s, each from wrk where measured, else
+    from the Python client (the row says which)."""
+    checks = (
+        ("non-streaming requests/s", b.get("wrk"), b.get("whole"), B_WHOLE_GOAL),
+        ("SSE events/s", b.get("wrk_stream"), b.get("stream"), B_STREAM_GOAL),
+    )
     rows: list[list[str]] = []
-    wrk = b.get("wrk") or {}
-    whole = b.get("whole") or {}
-    for protocol in [*whole, *(p for p in wrk if p not in whole)]:
-        measured = (wrk.get(protocol) or {}).get("ratio")
-        source = "wrk"
-        if measured is None:
-            measured, source = (whole.get(protocol) or {}).get("plain"), "Python client"
-        rows.append([
-            f"B: non-streaming requests/s gateway/bare ({source}), {protocol}",
-            f"≥ {B_WHOLE_GOAL}", fmt_ratio(measured), _verdict(measured, B_WHOLE_GOAL, True),
-        ])  # fmt: skip
-    for protocol, r in (b.get("stream") or {}).items():
-        rows.append([
-            f"B: SSE events/s gateway/bare (Python client), {protocol}",
-            f"≥ {B_STREAM_GOAL}", fmt_ratio(r["plain"]), _verdict(r["plain"], B_STREAM_GOAL, True),
-        ])  # fmt: skip
+    for name, wrk, python, goal in checks:
+        wrk, python = wrk or {}, python or {}
+        for protocol in [*python, *(p for p in wrk if p not in python)]:
+            measured = (wrk.get(protocol) or {}).get("ratio")
+            source = "wrk"
+            if measured is None:
+                measured, source = (python.get(protocol) or {}).get("plain"), "Python client"
+            rows.append([
+                f"B: {name} gateway/bare ({source}), {protocol}",
+                f"≥ {goal}", fmt_ratio(measured), _verdict(measured, goal, True),
+            ])  # fmt: skip
     return rows
 
 
@@ -1410,12 +1493,14 @@ def _method(results: Results) -> str:
         f"every window (median {fmt(median(client), 2)} cores, "
         f"max {fmt(max(client, default=None), 2)}), "
         "next to the server's front-end and engine processes.",
-        "- Scenario B's non-streamed requests are driven a second time by wrk (C, epoll, one "
-        "thread pinned to the load generator's CPU, a Lua script carrying the Python client's "
-        "request byte for byte, bench/wrk.py), because on two cores the Python client spends "
-        "about as much CPU per request as the bare endpoint it measures. wrk's text report "
-        "(`--latency`) is parsed; a run with non-2xx responses, socket errors or an unreadable "
-        "report is flagged and left out of the figures.",
+        "- Scenario B's requests, non-streamed and streamed, are driven a second time by wrk (C, "
+        "epoll, one thread pinned to the load generator's CPU, a Lua script carrying the Python "
+        "client's request byte for byte, bench/wrk.py), because on two cores the Python client "
+        "spends about as much CPU per request as the bare endpoint it measures. wrk's text "
+        "report (`--latency`) is parsed; a run with non-2xx responses, socket errors or an "
+        "unreadable report is flagged and left out of the figures. Streamed: events/s = wrk's "
+        "requests/s × the token events of one response (the bare arm's capture), each window "
+        "checked with one request of our own and wrk's exact byte count.",
         "- Only one server runs at a time. Other processes on this machine (tests of other "
         "engineers) are not controlled; single windows vary by about ±20 %, hence pairs, medians "
         "and the spreads shown.",
@@ -1453,7 +1538,8 @@ def _summary(results: Results, a: dict[str, Any], b: dict[str, Any], mem: dict[s
         f"(ratio {fmt_ratio(mem.get('ratio'))}); engine processes excluded.",
         "- **Protocol-layer ceiling** (FakeEngine, zero delay) against a bare Starlette + uvicorn "
         f"endpoint sending the same bytes: non-streaming requests/s {b_range(b_whole)} of the bare "
-        f"stack{_wrk_range(b)} and SSE events/s {b_range(b_stream)} across OpenAI, TGI, Triton, "
+        f"stack{_wrk_range(b)} and SSE events/s {b_range(b_stream)}{_wrk_range(b, 'wrk_stream')} "
+        "across OpenAI, TGI, Triton, "
         f"MindIE and DJL (Python client; mutual TLS: {b_range(b_whole, 'tls')} and "
         f"{b_range(b_stream, 'tls')}).{_batch_sentence(b)}",
         "- **Targets missed**: " + _missed(a, b, mem) + " Why, with profiles: "
@@ -1462,8 +1548,8 @@ def _summary(results: Results, a: dict[str, Any], b: dict[str, Any], mem: dict[s
     ])  # fmt: skip
 
 
-def _wrk_range(b: dict[str, Any]) -> str:
-    found = [e["ratio"] for e in (b.get("wrk") or {}).values() if e.get("ratio") is not None]
+def _wrk_range(b: dict[str, Any], key: str = "wrk") -> str:
+    found = [e["ratio"] for e in (b.get(key) or {}).values() if e.get("ratio") is not None]
     if not found:
         return ""
     return f" ({min(found):.2f}–{max(found):.2f} measured with wrk, a C load generator)"

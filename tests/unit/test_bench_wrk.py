@@ -8,6 +8,7 @@ import pytest
 
 from bench.batch import BatchTiming, _Splitter, batch_body
 from bench.protocols import PROTOCOLS
+from bench.report import b_targets
 from bench.wrk import (
     StreamCount,
     bytes_problem,
@@ -233,6 +234,22 @@ def test_the_check_request_is_the_scripts_request() -> None:
         b"POST /infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: a/b\r\n"
         b"Content-Length: 2\r\n\r\n{}"
     )
+
+
+def test_sse_target_rows_take_wrk_where_measured_and_say_so() -> None:
+    b = {
+        "whole": {"tgi": {"plain": 0.3}},
+        "stream": {"tgi": {"plain": 0.9}, "djl": {"plain": 0.6}},
+        "wrk": {"tgi": {"ratio": 0.6}},
+        "wrk_stream": {"tgi": {"ratio": 0.75}, "djl": {"ratio": None}},
+    }
+    rows = {row[0]: row[2:] for row in b_targets(b)}
+    assert rows["B: non-streaming requests/s gateway/bare (wrk), tgi"] == ["0.60", "met"]
+    assert rows["B: SSE events/s gateway/bare (wrk), tgi"] == ["0.75", "**missed** by 6 %"]
+    assert rows["B: SSE events/s gateway/bare (Python client), djl"] == [
+        "0.60",
+        "**missed** by 25 %",
+    ]
 
 
 def test_a_batch_body_lists_its_prompts_and_one_prompt_stays_a_string() -> None:
