@@ -947,10 +947,16 @@ def wrk_stream_section(results: Results) -> tuple[str, dict[str, Any]]:
          "flagged runs"], rows))  # fmt: skip
     parts.append("")
     rounds = max((e["rounds"] for e in figures.values()), default=0)
+    clients = [
+        f"{protocol} {fmt_ratio(ratio(e['bare']['events_per_s'], e['bare']['python']))}"
+        for protocol, e in figures.items()
+    ]
     parts.append(
-        f"Medians over {rounds} rounds. Where the bare arm's events/s with wrk is well above the "
-        "Python client's, the Python client was the limit on the bare arm and its ratio "
-        "flattered the gateway.\n"
+        f"Medians over {rounds} rounds. The bare arm's events/s with wrk / with the Python "
+        f"client: {', '.join(clients)}. Above 1, the Python client was the limit on the bare arm "
+        "and its ratio flattered the gateway; near 1, both clients drove the bare server as far "
+        "(see its CPU in both tables); below 1, other processes most likely took the bare "
+        "server's core during the wrk window (other processes column).\n"
     )
     flagged = [w for e in figures.values() for w in e["flagged"]]
     if flagged:
