@@ -541,6 +541,17 @@ class StreamFolder:
             return None
         return self.close()
 
+    def _extra(self, name: str, delta: Delta) -> Any:
+        if name == "finish_reason":
+            return self._reason
+        if name == "cumulative_logprob":
+            return self._cumulative
+        if name == "logprobs":
+            return _logprobs_json(delta.logprobs, self._call).decode()
+        if name == "num_input_tokens":
+            return self._prompt_tokens
+        return len(delta.token_ids)  # num_output_tokens
+
     def close(self) -> dict[str, Any] | None:
         """The closing event, unless the last delta already carried `done`."""
         if self._finished:
@@ -550,19 +561,12 @@ class StreamFolder:
     def _delta(self, delta: Delta, *, done: bool) -> dict[str, Any]:
         self._finished = done
         self._generated += len(delta.token_ids)
-        self._cumulative += _cumulative(delta.logprobs)
-        values: dict[str, Any] = {
-            "finish_reason": self._reason,
-            "cumulative_logprob": self._cumulative,
-            "logprobs": _logprobs_json(delta.logprobs, self._call).decode(),
-            "num_input_tokens": self._prompt_tokens,
-            "num_output_tokens": len(delta.token_ids),
-        }
+        if delta.logprobs:
+            self._cumulative += _cumulative(delta.logprobs)
         event = {**self._header, "text_output": delta.text}
-        event.update(
-            (name, values[name]) for name in self._call.extras
-            if done or name != "finish_reason"
-        )
+        for name in self._call.extras:  # usually none: computed only when asked for
+            if done or name != "finish_reason":
+                event[name] = self._extra(name, delta)
         if done and self._call.details:
             event["details"] = _details(self._reason, self._generated)
         event["done"] = done

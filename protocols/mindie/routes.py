@@ -53,8 +53,14 @@ class _InferEvents:
     def encode(self, event: GenerationEvent) -> bytes:
         if not isinstance(event, Delta):
             return b""
-        events = self._encoder.events(event, time.perf_counter())
-        return b"".join(sse_event(jsonio.dumps(e)) for e in events)
+        now = time.perf_counter()
+        plain = self._encoder.plain_event(event, now)
+        if plain is not None:
+            return sse_event(plain)
+        events = self._encoder.events(event, now)
+        if len(events) == 1:  # one token per delta, as a rule
+            return sse_event(jsonio.dumps(events[0]))
+        return b"".join([sse_event(jsonio.dumps(e)) for e in events])
 
     def error(self, exc: GatewayError) -> bytes:
         return errors.stream_error(exc)

@@ -26,6 +26,7 @@ from server.core.types import (
     TextPrompt,
     TokenPrompt,
 )
+from server.http import jsonio
 from server.http.context import RequestBounds
 from server.http.streaming import token_pieces
 
@@ -223,6 +224,28 @@ class InferStreamEncoder:
         self._count = 0
         self._parts: list[str] = []
         self._last_id = 0
+
+    def plain_event(self, delta: Delta, now: float) -> bytes | None:
+        """The serialised event of a one-token delta that ends nothing (most events of a
+        stream), without building its dict; byte for byte what `events` gives serialised.
+        None for any other delta."""
+        if delta.finish is not None or len(delta.token_ids) != 1:
+            return None
+        token_id = delta.token_ids[0]
+        self._parts.append(delta.text)
+        elapsed = round((now - self._last_at) * 1000.0, 3)
+        self._last_at = now
+        self._last_id = token_id
+        first = self._count == 0
+        self._count += 1
+        ms = jsonio.dumps(elapsed)
+        times = b'"prefill_time":' + ms + b',"decode_time":null' if first else (
+            b'"prefill_time":null,"decode_time":' + ms
+        )
+        return b"".join((
+            b"{", times, b',"token":{"id":', str(token_id).encode(), b',"text":',
+            jsonio.dumps(delta.text), b"}}",
+        ))
 
     def events(self, delta: Delta, now: float) -> list[dict[str, Any]]:
         ids = delta.token_ids

@@ -133,7 +133,13 @@ class _Events:
             return b""
         if not isinstance(event, Delta) or self._encoder is None:
             return b""
-        return b"".join(sse_event(jsonio.dumps(e)) for e in self._encoder.events(event))
+        plain = self._encoder.plain_event(event)
+        if plain is not None:
+            return sse_event(plain)
+        events = self._encoder.events(event)
+        if len(events) == 1:  # one token per delta, as a rule
+            return sse_event(jsonio.dumps(events[0]))
+        return b"".join([sse_event(jsonio.dumps(e)) for e in events])
 
     def error(self, exc: GatewayError) -> bytes:
         return errors.stream_error(exc)

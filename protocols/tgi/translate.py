@@ -427,6 +427,23 @@ class StreamEncoder:
             for i, token_id in enumerate(ids)
         ]
 
+    def plain_event(self, delta: Delta) -> bytes | None:
+        """The serialised event of a one-token delta that ends nothing and carries no
+        logprobs (most events of a stream), without building its dict; byte for byte what
+        `events` gives serialised. None for any other delta."""
+        if delta.finish is not None or len(delta.token_ids) != 1 or delta.logprobs:
+            return None
+        token_id = delta.token_ids[0]
+        self._index += 1
+        self._generated += 1
+        self._parts.append(delta.text)
+        special = b"true" if token_id == self._r.eos_token_id else b"false"
+        return b"".join((
+            b'{"index":', str(self._index).encode(), b',"token":{"id":', str(token_id).encode(),
+            b',"text":', jsonio.dumps(delta.text), b',"logprob":null,"special":', special,
+            b'},"generated_text":null,"details":null}',
+        ))
+
     def final(self, end: Delta) -> dict[str, Any]:
         """An end that came without a token of its own (an abort, a stop string)."""
         eos = self._r.eos_token_id

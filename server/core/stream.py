@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -39,15 +39,15 @@ class RequestObserver(Protocol):
     """Metrics hook. Implemented outside the core (server/observability).
 
     `admitted` pairs with exactly one `finished`; `rejected` is a request that never ran.
-    `token_gap` runs once per streamed delta (`times` > 1: that many equal gaps of output
-    delivered in one piece): implementations must keep it tiny.
+    `token_gaps` gets the gaps between a request's tokens in batches (at most `GAP_BATCH` at a
+    time, the rest when it ends), so the per-token path is an append.
     """
 
     def admitted(self, request: GenerationRequest) -> None: ...
 
     def first_token(self, request: GenerationRequest, seconds: float) -> None: ...
 
-    def token_gap(self, request: GenerationRequest, seconds: float, times: int = 1) -> None: ...
+    def token_gaps(self, request: GenerationRequest, gaps: Sequence[float]) -> None: ...
 
     def finished(
         self,
@@ -68,7 +68,7 @@ class NullObserver:
     def first_token(self, request: GenerationRequest, seconds: float) -> None:
         pass
 
-    def token_gap(self, request: GenerationRequest, seconds: float, times: int = 1) -> None:
+    def token_gaps(self, request: GenerationRequest, gaps: Sequence[float]) -> None:
         pass
 
     def finished(
@@ -86,6 +86,7 @@ class NullObserver:
 
 
 Abort = Callable[[], Coroutine[object, object, None]]
+GAP_BATCH = 32  # token gaps reported to the observer at once
 
 
 class EventStream:
@@ -98,7 +99,8 @@ class EventStream:
     __slots__ = (
         "_abort", "_cancel_reason", "_cancelled", "_closed", "_done", "_events", "_failure",
         "_first_token_at", "_gaps", "_last_token_at", "_observer", "_on_close", "_primed",
-        "_raise_next", "_started_at", "_timer", "_usage", "adapter", "engine_id", "request",
+        "_raise_next", "_started_at", "_timer", "_unreported", "_usage", "adapter", "engine_id",
+        "request",
     )
 
     def __init__(  # noqa: PLR0913 - the request, its events and the hooks around them
@@ -130,6 +132,7 @@ class EventStream:
         self._first_token_at: float | None = None
         self._last_token_at: float | None = None
         self._gaps = 0
+        self._unreported: list[float] = []  # token gaps not yet given to the observer
         self._usage: Usage | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -167,22 +170,25 @@ class EventStream:
             self._done = True
             self._failure = exc
             raise
-        if isinstance(event, Delta):
-            return self._delta(event)
+        if type(event) is Delta:  # the per-token path: kept short
+            if self._cancel_reason is not None and event.finish is not None:
+                return self._end_cancelled(event)
+            if event.token_ids and self.request.stream:
+                self._observe_tokens(time.monotonic())
+            return event
         if isinstance(event, Done):
             self._end(event)
         return event
 
-    def _delta(self, delta: Delta) -> Delta:
-        if self._cancel_reason is not None and delta.finish is not None:
-            if not (delta.text or delta.token_ids):
-                self._done = True
-                raise self._cancel_reason
-            self._raise_next = True  # what was produced goes out, then the error
-            delta = replace(delta, finish=None, matched_stop=None)
-        if delta.token_ids and self.request.stream:
-            self._observe_tokens(time.monotonic())
-        return delta
+    def _end_cancelled(self, delta: Delta) -> Delta:
+        """The finishing delta of a cancelled request: what it produced goes out, then the
+        cancel reason is raised."""
+        assert self._cancel_reason is not None
+        if not (delta.text or delta.token_ids):
+            self._done = True
+            raise self._cancel_reason
+        self._raise_next = True
+        return replace(delta, finish=None, matched_stop=None)
 
     def _observe_tokens(self, now: float) -> None:
         if self._last_token_at is None:
@@ -190,8 +196,15 @@ class EventStream:
             self._observer.first_token(self.request, now - self._started_at)
         else:
             self._gaps += 1
-            self._observer.token_gap(self.request, now - self._last_token_at)
+            self._unreported.append(now - self._last_token_at)
+            if len(self._unreported) >= GAP_BATCH:
+                self._report_gaps()
         self._last_token_at = now
+
+    def _report_gaps(self) -> None:
+        if self._unreported:
+            self._observer.token_gaps(self.request, self._unreported)
+            self._unreported = []
 
     def _end(self, done: Done) -> None:
         self._done = True
@@ -214,7 +227,7 @@ class EventStream:
         self._observer.first_token(self.request, timing.first_token_s)
         self._gaps = max(tokens - self.request.sampling.n, 0) if done.timing else 0
         if self._gaps:
-            self._observer.token_gap(self.request, timing.decode_s / self._gaps, self._gaps)
+            self._observer.token_gaps(self.request, [timing.decode_s / self._gaps] * self._gaps)
 
     def cancel(self, reason: GatewayError | None = None) -> None:
         """Abort in the engine. With a reason, the stream then raises it (in-band error)."""
@@ -245,6 +258,7 @@ class EventStream:
         try:
             await self._events.aclose()
         finally:
+            self._report_gaps()
             self._on_close(self)
 
     @property

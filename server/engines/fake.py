@@ -113,7 +113,7 @@ class FakeEngine:
             for choice in range(request.sampling.n):
                 tokens = _Tokens(request, words, prompt_ids, choice, adapter)
                 if request.stream:
-                    async for delta in self._choice(tokens, abort, clock, streaming=True):
+                    async for delta in self._stream(tokens, abort, clock):
                         completion += len(delta.token_ids)
                         yield delta
                     continue
@@ -132,6 +132,22 @@ class FakeEngine:
             return tokens.whole(clock)
         deltas = self._choice(tokens, abort, clock, streaming=False)
         return _joined([delta async for delta in deltas])
+
+    async def _stream(
+        self, tokens: _Tokens, abort: asyncio.Event, clock: _TokenClock
+    ) -> AsyncIterator[Delta]:
+        """A choice token by token. Unscripted, its deltas are computed once per distinct
+        request and handed out one per turn of the event loop."""
+        if self._scripted():
+            async for delta in self._choice(tokens, abort, clock, streaming=True):
+                yield delta
+            return
+        for delta in tokens.deltas():
+            await _NEXT_TURN  # as an output handler wakes its consumer once per step
+            if abort.is_set():
+                yield Delta(choice=tokens.choice, text="", finish=FinishReason.ABORT)
+                return
+            yield delta
 
     async def _choice(
         self, tokens: _Tokens, abort: asyncio.Event, clock: _TokenClock, *, streaming: bool
@@ -263,6 +279,13 @@ class _Tokens:
             self._text += piece
         return piece, tid, stop
 
+    def deltas(self) -> tuple[Delta, ...]:
+        """One delta per token, the last carrying the finish."""
+        return _choice_deltas(
+            self._words, self._ids, self.choice, self._first, self.limit, self._stops,
+            self.logprobs is not None,
+        )
+
     def whole(self, clock: _TokenClock) -> Delta:
         """Every token at once (computed once per distinct request: the engine is
         deterministic)."""
@@ -276,6 +299,34 @@ class _Tokens:
 
 
 @functools.lru_cache(maxsize=4096)
+def _choice_tokens(
+    words: tuple[str, ...],
+    ids: tuple[int, ...],
+    choice: int,
+    first: str | None,
+    limit: int,
+    stops: tuple[str, ...],
+) -> tuple[tuple[str, ...], tuple[int, ...], FinishReason, str | None]:
+    """A choice's token texts and ids, how it ends, and the stop string that ended it."""
+    pieces: list[str] = []
+    token_ids: list[int] = []
+    text = ""
+    for i in range(limit):
+        if i == 0 and first is not None:
+            word, tid = first, token_id(first)
+        else:
+            word, tid = words[(i + choice) % len(words)], ids[(i + choice) % len(words)]
+        piece = word + " "
+        stop = next((s for s in stops if s in text + piece), None) if stops else None
+        if stop is not None:
+            return tuple(pieces), tuple(token_ids), FinishReason.STOP, stop
+        text += piece
+        pieces.append(piece)
+        token_ids.append(tid)
+    return tuple(pieces), tuple(token_ids), FinishReason.LENGTH, None
+
+
+@functools.lru_cache(maxsize=4096)
 def _whole_choice(  # noqa: PLR0913 - everything a choice depends on, as the cache key
     words: tuple[str, ...],
     ids: tuple[int, ...],
@@ -285,30 +336,38 @@ def _whole_choice(  # noqa: PLR0913 - everything a choice depends on, as the cac
     stops: tuple[str, ...],
     logprobs: bool,
 ) -> Delta:
-    pieces: list[str] = []
-    token_ids: list[int] = []
-    finish, matched, text = FinishReason.LENGTH, None, ""
-    for i in range(limit):
-        if i == 0 and first is not None:
-            word, tid = first, token_id(first)
-        else:
-            word, tid = words[(i + choice) % len(words)], ids[(i + choice) % len(words)]
-        piece = word + " "
-        stop = next((s for s in stops if s in text + piece), None) if stops else None
-        if stop is not None:
-            finish, matched = FinishReason.STOP, stop
-            break
-        text += piece
-        pieces.append(piece)
-        token_ids.append(tid)
+    pieces, token_ids, finish, matched = _choice_tokens(words, ids, choice, first, limit, stops)
     top = () if not logprobs else tuple(
         TokenLogprob(token_id=t, token=p, logprob=-0.5)
         for t, p in zip(token_ids, pieces, strict=True)
     )
     return Delta(
-        choice=choice, text=text, token_ids=tuple(token_ids), logprobs=top, finish=finish,
+        choice=choice, text="".join(pieces), token_ids=token_ids, logprobs=top, finish=finish,
         matched_stop=matched,
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _choice_deltas(  # noqa: PLR0913 - everything a choice depends on, as the cache key
+    words: tuple[str, ...],
+    ids: tuple[int, ...],
+    choice: int,
+    first: str | None,
+    limit: int,
+    stops: tuple[str, ...],
+    logprobs: bool,
+) -> tuple[Delta, ...]:
+    """One delta per token; a length end rides on the last token, a stop string ends with a
+    delta of its own (the token that completed it is not sent)."""
+    pieces, token_ids, finish, matched = _choice_tokens(words, ids, choice, first, limit, stops)
+    last = len(token_ids) - 1
+    deltas = [
+        _delta(choice, piece, tid, logprobs, finish if i == last and matched is None else None)
+        for i, (piece, tid) in enumerate(zip(pieces, token_ids, strict=True))
+    ]
+    if matched is not None:
+        deltas.append(Delta(choice=choice, text="", finish=finish, matched_stop=matched))
+    return tuple(deltas)
 
 
 class _TokenClock:

@@ -50,9 +50,15 @@ class Observations:
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
 
-    def observe(self, value: float, times: int = 1) -> None:
-        self.counts[bisect_left(self._bounds, value)] += times
-        self.sum += value * times
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self._bounds, value)] += 1
+        self.sum += value
+
+    def observe_each(self, values: Iterable[float]) -> None:
+        counts, bounds = self.counts, self._bounds
+        for value in values:
+            counts[bisect_left(bounds, value)] += 1
+            self.sum += value
 
 
 S = TypeVar("S", Value, Observations)

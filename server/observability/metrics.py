@@ -247,8 +247,8 @@ class GatewayMetrics:
     def first_token(self, request: GenerationRequest, seconds: float) -> None:
         self._of(request).ttft.observe(seconds)
 
-    def token_gap(self, request: GenerationRequest, seconds: float, times: int = 1) -> None:
-        self._of(request).itl.observe(seconds, times)
+    def token_gaps(self, request: GenerationRequest, gaps: Sequence[float]) -> None:
+        self._of(request).itl.observe_each(gaps)
 
     def finished(
         self,

@@ -305,3 +305,14 @@ def test_stream_errors_are_framed_per_route() -> None:
     assert errors.stream_error(EngineError("x")).startswith(b"data: {")
     chunk = errors.chunk_error(EngineError("x"))
     assert chunk.endswith(b"\0") and jsonio.loads(chunk[:-1])["error"] == "x"
+
+
+@pytest.mark.parametrize("text", [" a", 'say "hi"', "é€😀"])
+def test_plain_infer_event_is_byte_for_byte_the_general_event(text: str) -> None:
+    plain = translate.InferStreamEncoder(infer_plan(True), started_at=0.0, token_texts=texts)
+    general = translate.InferStreamEncoder(infer_plan(True), started_at=0.0, token_texts=texts)
+    for now in (0.0123456, 0.0500001, 0.07):  # the first event has prefill_time, then decode
+        delta = Delta(choice=0, text=text, token_ids=(10,))
+        assert plain.plain_event(delta, now) == jsonio.dumps(general.events(delta, now)[0])
+    ended = Delta(choice=0, text=text, token_ids=(10,), finish=FinishReason.LENGTH)
+    assert plain.plain_event(ended, 0.08) is None

@@ -507,3 +507,15 @@ def test_stream_error_is_one_sse_event() -> None:
         "error": "Request failed during generation: boom",
         "error_type": "generation",
     }
+
+
+@pytest.mark.parametrize("text", ["x", 'say "hi"', "é€😀", "\x00\n"])
+@pytest.mark.parametrize("token_id", [5, EOS])
+def test_plain_stream_event_is_byte_for_byte_the_general_event(text: str, token_id: int) -> None:
+    plain = translate.StreamEncoder(rendering(plan_of(True)), input_length=2, token_texts=texts)
+    general = translate.StreamEncoder(rendering(plan_of(True)), input_length=2, token_texts=texts)
+    for _ in range(2):  # the index moves the same way on both
+        delta = Delta(choice=0, text=text, token_ids=(token_id,))
+        assert plain.plain_event(delta) == jsonio.dumps(general.events(delta)[0])
+    ended = Delta(choice=0, text=text, token_ids=(token_id,), finish=FinishReason.LENGTH)
+    assert plain.plain_event(ended) is None
