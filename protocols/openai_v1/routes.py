@@ -9,15 +9,16 @@ vLLM's `/tokenize` with `prompt` or `messages`; bodies without them go to the ot
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
-from protocols.openai_v1 import errors, schema, translate
+from protocols.openai_v1 import errors, schema, tools, translate
 from server.core.batch import BatchStream
+from server.core.engine import OutputParser
 from server.core.errors import (
     AdapterExists,
     AdapterNotFound,
@@ -121,8 +122,16 @@ def chat_completions(ctx: ProtocolContext) -> Endpoint:
         body = _with_adapter_header(
             request, await _body(request, ctx, schema.ChatCompletionRequest)
         )
-        gen = translate.chat_request(body, request_id=_request_id(request, body), bounds=ctx.bounds)
-        view = translate.ChatView.of(body, _meta(service, "chatcmpl", gen))
+        info = service.info()
+        plan = tools.chat_plan(body, tool_call_parser=info.tool_call_parser)
+        gen = translate.chat_request(
+            body, request_id=_request_id(request, body), bounds=ctx.bounds, plan=plan,
+            defaults=info.defaults, parse=info.reasoning_parser is not None,
+        )
+        view = translate.ChatView.of(
+            body, _meta(service, "chatcmpl", gen), tools=plan, parser=_parser(service, gen),
+            parsed=gen.parse is not None,
+        )
         if gen.stream:
             return _sse(await service.start(gen), translate.ChatStreamEncoder(view))
         result = await until_disconnect(request, service.generate(gen))
@@ -137,7 +146,8 @@ def completions(ctx: ProtocolContext) -> Endpoint:
     async def create_completion(request: Request) -> Answer:
         body = _with_adapter_header(request, await _body(request, ctx, schema.CompletionRequest))
         gens = translate.completion_requests(
-            body, request_id=_request_id(request, body), bounds=ctx.bounds
+            body, request_id=_request_id(request, body), bounds=ctx.bounds,
+            defaults=service.defaults(),
         )
         prompts = [g.prompt for g in gens] if body.echo else []
         view = translate.CompletionView.of(
@@ -151,6 +161,16 @@ def completions(ctx: ProtocolContext) -> Endpoint:
         return json_response(translate.completion_response(result, view))
 
     return create_completion
+
+
+def _parser(
+    service: InferenceService, gen: GenerationRequest
+) -> Callable[[], OutputParser | None]:
+    """A fresh output parser per choice, when the answer is parsed."""
+    spec = gen.parse
+    if spec is None:
+        return lambda: None
+    return lambda: service.output_parser(spec)
 
 
 async def _start(

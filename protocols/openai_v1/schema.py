@@ -7,9 +7,9 @@ vLLM does. Responses are plain dicts built in `translate.py` (no pydantic on the
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -63,6 +63,11 @@ class SamplingFields(_Wire):
     use_beam_search: bool = False
     prompt_logprobs: int | None = None
 
+    @field_validator("n", mode="before")
+    @classmethod
+    def _null_n_is_one(cls, value: object) -> object:
+        return 1 if value is None else value  # vLLM accepts `n: null`
+
 
 class TextPart(_Wire):
     """One part of a list-valued message `content`. Only text parts are served here."""
@@ -71,10 +76,39 @@ class TextPart(_Wire):
     text: str | None = None
 
 
+class FunctionCallIn(_Wire):
+    name: str
+    arguments: str | dict[str, Any] | None = None
+
+
+class ToolCallIn(_Wire):
+    """A call of an earlier assistant turn (history)."""
+
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCallIn
+
+
 class ChatMessageIn(_Wire):
     role: str = Field(min_length=1, max_length=64)
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant turns
+    tool_call_id: str | None = None  # tool turns
+    reasoning: str | None = None  # assistant turns (vLLM also reads `reasoning_content`)
+    reasoning_content: str | None = None
+
+
+class FunctionDefinition(_Wire):
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolParam(_Wire):
+    type: Literal["function"]
+    function: FunctionDefinition
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -88,8 +122,11 @@ class ChatCompletionRequest(SamplingFields):
     add_special_tokens: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ToolParam] | None = None
+    tool_choice: str | dict[str, Any] | None = "none"  # absent with tools: "auto"
+    parallel_tool_calls: bool | None = True
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    include_reasoning: bool = True
 
 
 class CompletionRequest(SamplingFields):
@@ -99,6 +136,8 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
     add_special_tokens: bool = True
     prompt_embeds: Any = None
+    tools: Any = None  # refused: completions have no tools
+    tool_choice: Any = None
 
 
 class LoadLoraAdapterRequest(_Wire):

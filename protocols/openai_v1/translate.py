@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
-from protocols.openai_v1 import schema
+from protocols.openai_v1 import schema, tools
+from protocols.openai_v1.tools import ChoiceReader, ToolPlan
+from server.core.engine import OutputParser
 from server.core.errors import InvalidRequest, Unsupported
 from server.core.types import (
     ChatMessage,
@@ -26,13 +28,17 @@ from server.core.types import (
     GenerationRequest,
     GenerationResult,
     OutputOptions,
+    ParsedOutput,
+    ParseSpec,
     Prompt,
     Sampling,
+    SamplingDefaults,
     Started,
     StructuredOutput,
     TextPrompt,
     TokenLogprob,
     TokenPrompt,
+    ToolCallPiece,
     Usage,
 )
 from server.http import jsonio
@@ -46,6 +52,7 @@ JSON = dict[str, Any]
 LogprobRow = tuple[str, float | None, dict[str, float] | None]
 
 MIN_LOGPROB = -9999.0  # vLLM clamps -inf to this so the JSON stays valid
+NO_DEFAULTS = SamplingDefaults()
 TEXT_PART_TYPES = frozenset({"text", "input_text"})
 # chat_template_kwargs that would change how the template is called rather than what it
 # renders (CVE-2025-62426: `chat_template` swaps the template, `tokenize` the output type).
@@ -78,30 +85,55 @@ UNTRUSTED_TEMPLATE = (
 
 
 def chat_request(
-    body: schema.ChatCompletionRequest, *, request_id: str, bounds: RequestBounds
+    body: schema.ChatCompletionRequest,
+    *,
+    request_id: str,
+    bounds: RequestBounds,
+    plan: ToolPlan | None = None,
+    defaults: SamplingDefaults | None = None,
+    parse: bool = False,
 ) -> GenerationRequest:
-    """One chat completion → one `GenerationRequest` (default max tokens: the remaining context)."""
+    """One chat completion → one `GenerationRequest` (default max tokens: the model's default,
+    else the remaining context). `plan` is the request's validated tools (`tools.chat_plan`);
+    `parse`: the answer goes through the engine's output parsers (reasoning, auto tools)."""
     _check_common(body, bounds)
-    _check_tools(body)
+    plan = plan or tools.chat_plan(body, tool_call_parser=None)
     if body.continue_final_message and body.add_generation_prompt:
         raise InvalidRequest(
             "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
         )
     max_tokens = body.max_completion_tokens or body.max_tokens
+    prompt = chat_prompt(body, tools_json=plan.tools_json)
+    sampling = to_sampling(body, _bounded_max_tokens(max_tokens, bounds), bounds, defaults)
+    if plan.forced:
+        sampling = replace(sampling, structured=plan.structured())
     return GenerationRequest(
         request_id=request_id,
         model=body.model or "",
-        prompt=chat_prompt(body),
-        sampling=to_sampling(body, _bounded_max_tokens(max_tokens, bounds), bounds),
+        prompt=prompt,
+        sampling=sampling,
         output=OutputOptions(logprobs=_chat_logprobs(body, bounds)),
         stream=bool(body.stream),
         protocol="openai",
         priority=body.priority,
+        parse=chat_parse_spec(body, plan, prompt) if parse or plan.mode == "auto" else None,
+    )
+
+
+def chat_parse_spec(
+    body: schema.ChatCompletionRequest, plan: ToolPlan, prompt: ChatPrompt
+) -> ParseSpec:
+    return plan.parse_spec(
+        reasoning=body.include_reasoning, template_kwargs=prompt.chat_template_kwargs
     )
 
 
 def completion_requests(
-    body: schema.CompletionRequest, *, request_id: str, bounds: RequestBounds
+    body: schema.CompletionRequest,
+    *,
+    request_id: str,
+    bounds: RequestBounds,
+    defaults: SamplingDefaults | None = None,
 ) -> list[GenerationRequest]:
     """One completion body → one `GenerationRequest` per prompt (default max tokens 16)."""
     _check_common(body, bounds)
@@ -109,12 +141,19 @@ def completion_requests(
         raise Unsupported("suffix is not supported by this model.", param="suffix")
     if body.prompt_embeds is not None:
         raise Unsupported("prompt_embeds are not supported by this server.", param="prompt_embeds")
+    if body.tools is not None or body.tool_choice is not None:
+        raise InvalidRequest(
+            "Completions have no tools: send `tools` to /v1/chat/completions.",
+            param="tools" if body.tools is not None else "tool_choice",
+        )
     logprobs = _completion_logprobs(body, bounds)
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
     if max_tokens == 0 and not body.echo:
         raise InvalidRequest("max_tokens must be at least 1, got 0.", param="max_tokens")
     # echo with max_tokens=0 returns the prompt only; the engine still runs one step (vLLM).
-    sampling = to_sampling(body, _bounded_max_tokens(max(max_tokens, 1), bounds), bounds)
+    sampling = to_sampling(
+        body, _bounded_max_tokens(max(max_tokens, 1), bounds), bounds, defaults
+    )
     output = OutputOptions(logprobs=logprobs, prompt_logprobs=logprobs if body.echo else None)
     return [
         GenerationRequest(
@@ -160,18 +199,43 @@ def _one_prompt(item: object, add_special_tokens: bool) -> Prompt:
     raise InvalidRequest("Prompt cannot be empty.", param="prompt")
 
 
-def chat_prompt(body: schema.ChatCompletionRequest | schema.TokenizeChatRequest) -> ChatPrompt:
+def chat_prompt(
+    body: schema.ChatCompletionRequest | schema.TokenizeChatRequest,
+    *,
+    tools_json: str | None = None,
+) -> ChatPrompt:
     if body.chat_template is not None:
         raise InvalidRequest(UNTRUSTED_TEMPLATE, param="chat_template")
-    messages = tuple(
-        ChatMessage(m.role, _message_text(m, i), m.name) for i, m in enumerate(body.messages)
-    )
+    kwargs = template_kwargs(body.chat_template_kwargs)
+    effort = getattr(body, "reasoning_effort", None)
+    if effort is not None:  # vLLM hands it to the template, with enable_thinking
+        kwargs = (*_without(kwargs, "reasoning_effort", "enable_thinking"),
+                  ("reasoning_effort", effort), ("enable_thinking", effort != "none"))
     return ChatPrompt(
-        messages=messages,
+        messages=tuple(chat_message(m, i) for i, m in enumerate(body.messages)),
         add_generation_prompt=body.add_generation_prompt,
         continue_final_message=body.continue_final_message,
-        chat_template_kwargs=template_kwargs(body.chat_template_kwargs),
+        chat_template_kwargs=kwargs,
+        tools=tools_json,
     )
+
+
+def chat_message(message: schema.ChatMessageIn, index: int) -> ChatMessage:
+    tools.check_tool_message(message, index)
+    return ChatMessage(
+        message.role,
+        _message_text(message, index),
+        message.name,
+        tool_calls=tools.history_calls(message, index),
+        tool_call_id=message.tool_call_id,
+        reasoning=message.reasoning or message.reasoning_content,
+    )
+
+
+def _without(
+    kwargs: tuple[tuple[str, Any], ...], *names: str
+) -> tuple[tuple[str, Any], ...]:
+    return tuple((key, value) for key, value in kwargs if key not in names)
 
 
 def _message_text(message: schema.ChatMessageIn, index: int) -> str:
@@ -219,19 +283,24 @@ def template_kwargs(
 
 
 def to_sampling(
-    body: schema.SamplingFields, max_new_tokens: int | None, bounds: RequestBounds
+    body: schema.SamplingFields,
+    max_new_tokens: int | None,
+    bounds: RequestBounds,
+    defaults: SamplingDefaults | None = None,
 ) -> Sampling:
+    """A field the request leaves out takes the model's default, else vLLM's neutral value."""
+    d = defaults or NO_DEFAULTS
     return Sampling(
         max_new_tokens=max_new_tokens,
         min_new_tokens=body.min_tokens,
-        temperature=_or(body.temperature, 1.0),
-        top_p=_or(body.top_p, 1.0),
-        top_k=_or(body.top_k, 0),
-        min_p=_or(body.min_p, 0.0),
+        temperature=_or(body.temperature, _or(d.temperature, 1.0)),
+        top_p=_or(body.top_p, _or(d.top_p, 1.0)),
+        top_k=_or(body.top_k, _or(d.top_k, 0)),
+        min_p=_or(body.min_p, _or(d.min_p, 0.0)),
         seed=body.seed,
-        repetition_penalty=_or(body.repetition_penalty, 1.0),
-        presence_penalty=_or(body.presence_penalty, 0.0),
-        frequency_penalty=_or(body.frequency_penalty, 0.0),
+        repetition_penalty=_or(body.repetition_penalty, _or(d.repetition_penalty, 1.0)),
+        presence_penalty=_or(body.presence_penalty, _or(d.presence_penalty, 0.0)),
+        frequency_penalty=_or(body.frequency_penalty, _or(d.frequency_penalty, 0.0)),
         n=body.n,
         stop=stop_strings(body.stop, bounds),
         stop_token_ids=tuple(body.stop_token_ids or ()),
@@ -339,7 +408,8 @@ def logit_bias(raw: Mapping[str, float] | None) -> tuple[tuple[int, float], ...]
 
 
 def _check_common(body: schema.SamplingFields, bounds: RequestBounds) -> None:
-    if body.stream_options is not None and not body.stream:
+    options = body.stream_options
+    if options is not None and options.model_fields_set and not body.stream:  # `{}` passes
         raise InvalidRequest(
             "Stream options can only be defined when `stream=True`.", param="stream_options"
         )
@@ -350,14 +420,6 @@ def _check_common(body: schema.SamplingFields, bounds: RequestBounds) -> None:
     if body.prompt_logprobs is not None:
         raise Unsupported(
             "prompt_logprobs are not supported by this server.", param="prompt_logprobs"
-        )
-
-
-def _check_tools(body: schema.ChatCompletionRequest) -> None:
-    if body.tools and body.tool_choice != "none":
-        raise Unsupported(
-            "Tool calling is not supported by this server: only tool_choice 'none' is accepted.",
-            param="tool_choice",
         )
 
 
@@ -496,9 +558,14 @@ class _ChunkWriter:
 # ---- chat completions -----------------------------------------------------------------------
 
 
+def _no_parser() -> OutputParser | None:
+    return None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChatView:
-    """How one chat request wants its answer rendered."""
+    """How one chat request wants its answer rendered. `parser` makes a fresh output parser
+    for each choice (reasoning, auto tool calls), None when none is configured."""
 
     meta: ReplyMeta
     n: int = 1
@@ -506,13 +573,25 @@ class ChatView:
     echo_prefix: str = ""
     usage: StreamUsage = field(default_factory=StreamUsage)
     return_token_ids: bool = False
+    tools: ToolPlan = field(default_factory=ToolPlan)
+    parser: Callable[[], OutputParser | None] = _no_parser
+    parsed: bool = False  # the answer goes through a reader (tools or an output parser)
 
     @classmethod
-    def of(cls, body: schema.ChatCompletionRequest, meta: ReplyMeta) -> ChatView:
+    def of(
+        cls,
+        body: schema.ChatCompletionRequest,
+        meta: ReplyMeta,
+        *,
+        tools: ToolPlan | None = None,
+        parser: Callable[[], OutputParser | None] = _no_parser,
+        parsed: bool = False,
+    ) -> ChatView:
         last = body.messages[-1]
         echo = ""
         if body.echo and last.role == "assistant":
             echo = _message_text(last, len(body.messages) - 1)
+        plan = tools or ToolPlan()
         return cls(
             meta=meta,
             n=body.n,
@@ -520,7 +599,13 @@ class ChatView:
             echo_prefix=echo,
             usage=StreamUsage.of(body),
             return_token_ids=bool(body.return_token_ids),
+            tools=plan,
+            parser=parser,
+            parsed=parsed or plan.mode != "none",
         )
+
+    def reader(self) -> ChoiceReader | None:
+        return ChoiceReader(self.tools, self.parser()) if self.parsed else None
 
 
 def chat_logprob(lp: TokenLogprob) -> JSON:
@@ -554,22 +639,62 @@ def chat_response(result: GenerationResult, view: ChatView) -> JSON:
 
 def _chat_choice(choice: Choice, view: ChatView) -> JSON:
     logprobs = {"content": [chat_logprob(lp) for lp in choice.logprobs]} if view.logprobs else None
+    reader = view.reader()
+    finish = choice.finish_reason.value
+    parsed = ParsedOutput(content=view.echo_prefix + choice.text)
+    if reader is not None:
+        parsed = _parsed(reader.whole(choice.text, choice.token_ids), view)
+        finish = tools.finish_reason(reader, view.tools, finish)
+    message: JSON = {
+        "role": "assistant",
+        "content": parsed.content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+    }
+    if parsed.tool_calls:
+        message["tool_calls"] = [tool_call(piece) for piece in parsed.tool_calls]
+    message["reasoning"] = parsed.reasoning
     return {
         "index": choice.index,
-        "message": {
-            "role": "assistant",
-            "content": view.echo_prefix + choice.text,
-            "refusal": None,
-            "annotations": None,
-            "audio": None,
-            "function_call": None,
-            "reasoning": None,
-        },
+        "message": message,
         "logprobs": logprobs,
-        "finish_reason": choice.finish_reason.value,
+        "finish_reason": finish,
         "stop_reason": choice.matched_stop,
         "token_ids": list(choice.token_ids) if view.return_token_ids else None,
     }
+
+
+def _parsed(parsed: ParsedOutput, view: ChatView) -> ParsedOutput:
+    """vLLM's content of a parsed answer: forced calls leave "", auto calls None when no text
+    came before them, anything else the text (after an echoed prefix)."""
+    content = parsed.content
+    if view.tools.forced:
+        content = content or ""
+    elif content is not None or not parsed.tool_calls:
+        content = view.echo_prefix + (content or "")
+    return replace(parsed, content=content)
+
+
+def tool_call(piece: ToolCallPiece) -> JSON:
+    return {
+        "id": piece.id,
+        "type": "function",
+        "function": {"name": piece.name, "arguments": piece.arguments},
+    }
+
+
+def tool_call_delta(piece: ToolCallPiece) -> JSON:
+    """A streamed piece: the first of a call has id, type and name."""
+    function: JSON = {}
+    if piece.name is not None:
+        function["name"] = piece.name
+    if piece.arguments or piece.name is None:
+        function["arguments"] = piece.arguments
+    if piece.id is None:
+        return {"index": piece.index, "function": function}
+    return {"id": piece.id, "type": "function", "index": piece.index, "function": function}
 
 
 class ChatStreamEncoder:
@@ -580,9 +705,12 @@ class ChatStreamEncoder:
         self._view = view
         self._out = _ChunkWriter(view.meta, "chat.completion.chunk")
         self._prompt_tokens = 0
+        self._prompt_ids: tuple[int, ...] = ()
         self._generated = [0] * view.n
         # chunks that carry only text: no logprobs, token ids or per-chunk usage asked for
         self._plain = not (view.logprobs or view.return_token_ids or view.usage.continuous)
+        self._readers = [view.reader() for _ in range(view.n)] if view.parsed else []
+        self._fed: set[int] = set()  # choices whose reader has had its first piece
 
     def encode(self, event: GenerationEvent) -> bytes:
         if isinstance(event, Delta):
@@ -600,6 +728,7 @@ class ChatStreamEncoder:
 
     def _start(self, event: Started) -> bytes:
         self._prompt_tokens = len(event.prompt_token_ids)
+        self._prompt_ids = event.prompt_token_ids
         view = self._view
         prompt_ids = list(event.prompt_token_ids) if view.return_token_ids else None
         chunks = [
@@ -636,6 +765,8 @@ class ChatStreamEncoder:
             return b""
         i, view = event.choice, self._view
         self._generated[i] += len(event.token_ids)
+        if self._readers:
+            return self._read(event, self._readers[i])
         if self._plain and event.finish is None:
             return self._out.text_chunk(i, event.text)
         logprobs = None
@@ -653,11 +784,57 @@ class ChatStreamEncoder:
         choice["token_ids"] = list(event.token_ids) if view.return_token_ids else None
         return self._out.chunk(choice, self._usage(i))
 
+    def _read(self, event: Delta, reader: ChoiceReader | None) -> bytes:
+        """A parsed answer: reasoning, content and tool-call pieces as the reader decides them;
+        the finish rides on the last content chunk, or on an empty delta after tool calls."""
+        assert reader is not None
+        i, view = event.choice, self._view
+        first = i not in self._fed
+        self._fed.add(i)
+        parsed = reader.piece(
+            event.text, event.token_ids,
+            prompt_token_ids=self._prompt_ids if first else None,
+            finished=event.finish is not None,
+        )
+        delta = _delta(parsed)
+        if event.finish is None and not delta:
+            return b""  # nothing decided yet: the parser holds the text back
+        logprobs = None
+        if view.logprobs:
+            logprobs = {"content": [chat_logprob(lp) for lp in event.logprobs]}
+        choice: JSON = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+        if event.finish is None:
+            choice["token_ids"] = list(event.token_ids) if view.return_token_ids else None
+            return self._out.chunk(choice, self._usage(i))
+        finish = tools.finish_reason(reader, view.tools, event.finish.value)
+        out = b""
+        if "tool_calls" in delta:
+            out = self._out.chunk({**choice, "token_ids": None}, self._usage(i))
+            choice = {"index": i, "delta": {}, "logprobs": None, "finish_reason": None}
+        choice["finish_reason"] = finish
+        choice["stop_reason"] = event.matched_stop
+        choice["token_ids"] = list(event.token_ids) if view.return_token_ids else None
+        return out + self._out.chunk(choice, self._usage(i))
+
     def _done(self, event: Done) -> bytes:
         if not self._view.usage.include:
             return b""
         usage = event.usage
         return self._out.chunk(None, _stream_usage(usage.prompt_tokens, usage.completion_tokens))
+
+
+def _delta(parsed: ParsedOutput | None) -> JSON:
+    """A chunk's `delta` of parsed pieces, with only the keys that have something."""
+    delta: JSON = {}
+    if parsed is None:
+        return delta
+    if parsed.content:
+        delta["content"] = parsed.content
+    if parsed.reasoning:
+        delta["reasoning"] = parsed.reasoning
+    if parsed.tool_calls:
+        delta["tool_calls"] = [tool_call_delta(piece) for piece in parsed.tool_calls]
+    return delta
 
 
 # ---- completions ----------------------------------------------------------------------------

@@ -9,11 +9,13 @@ Contract, checked against both engines by tests/contract/:
 3. Closing the iterator (or `abort(engine_request_id)`) ends generation promptly and frees the slot.
 4. `generate` never receives an adapter that `add_adapter` has not accepted; `add_adapter` must
    refuse bad adapters with `AdapterInvalid` without harming the engine.
+5. `output_parser` gives a fresh parser per answer (and per choice) when the engine has a
+   parser configured for what the spec asks; parsers never raise for odd model output.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Protocol
 
 from server.core.types import (
@@ -23,7 +25,27 @@ from server.core.types import (
     EngineStats,
     GenerationEvent,
     GenerationRequest,
+    ParsedOutput,
+    ParseSpec,
 )
+
+
+class OutputParser(Protocol):
+    """Splits one choice's text into reasoning, content and tool calls (vLLM's parsers)."""
+
+    def parse(self, text: str, token_ids: Sequence[int]) -> ParsedOutput:
+        """A whole answer."""
+
+    def parse_delta(
+        self,
+        text: str,
+        token_ids: Sequence[int],
+        *,
+        prompt_token_ids: Sequence[int] | None,
+        finished: bool,
+    ) -> ParsedOutput | None:
+        """The next streamed piece (None: nothing to send yet). `prompt_token_ids` comes with
+        the first piece; `finished` with the last, so held-back text is flushed."""
 
 
 class Engine(Protocol):
@@ -50,6 +72,10 @@ class Engine(Protocol):
 
     def token_texts(self, token_ids: list[int]) -> list[str]:
         """Text of each token id on its own (for TGI /tokenize and MindIE /v1/tokenizer)."""
+
+    def output_parser(self, spec: ParseSpec) -> OutputParser | None:
+        """A parser for one choice's answer, or None when no configured parser applies (no
+        reasoning parser, and no tool-call parser or no `auto_tools`)."""
 
     def info(self) -> EngineInfo: ...
 

@@ -21,7 +21,7 @@ from server.core.adapters import AdapterRegistry
 from server.core.admission import Admission, Limits
 from server.core.batch import BatchStream
 from server.core.collect import collect
-from server.core.engine import Engine
+from server.core.engine import Engine, OutputParser
 from server.core.errors import (
     GatewayError,
     ModelNotFound,
@@ -37,6 +37,8 @@ from server.core.types import (
     EngineStats,
     GenerationRequest,
     GenerationResult,
+    ParseSpec,
+    SamplingDefaults,
     TextPrompt,
     TokenPrompt,
 )
@@ -87,6 +89,14 @@ class InferenceService:
     def token_texts(self, token_ids: list[int]) -> list[str]:
         """The text of each token on its own."""
         return self._engine.token_texts(token_ids)
+
+    def output_parser(self, spec: ParseSpec) -> OutputParser | None:
+        """A fresh parser for one choice's answer (reasoning, auto tool calls), if configured."""
+        return self._engine.output_parser(spec)
+
+    def defaults(self) -> SamplingDefaults:
+        """The model's sampling defaults, for requests that omit a field."""
+        return self._engine.info().defaults
 
     def knows(self, name: str) -> bool:
         """Whether `name` selects the base model or a registered adapter (or workflow alias)."""

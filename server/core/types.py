@@ -11,13 +11,20 @@ from enum import StrEnum
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StructuredOutput:
-    """Constrained decoding: exactly one of the fields is set. `json_schema` is JSON text."""
+    """Constrained decoding: exactly one of the fields is set. `json_schema` is JSON text.
+
+    `fit_budget` (with `json_schema`): the engine bounds every string, array and number the
+    schema leaves unbounded so that the whole value, written without whitespace, fits in the
+    request's token budget: the output is then always complete JSON valid against the schema
+    (tool-call arguments), even from a model that would never close a string by itself.
+    """
 
     json_schema: str | None = None
     json_object: bool = False
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
+    fit_budget: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,11 +68,24 @@ class OutputOptions:
     prompt_logprobs: int | None = None  # same for prompt tokens (TGI decoder_input_details)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCall:
+    """A function call: one the assistant made earlier (chat history) or one parsed from output.
+    `arguments` is JSON text, as the model wrote it."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: str
     content: str
     name: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a `tool` message: the call it answers
+    reasoning: str | None = None  # an assistant turn's reasoning, for templates that show it
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +100,7 @@ class ChatPrompt:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: tuple[tuple[str, str | int | float | bool | None], ...] = ()
+    tools: str | None = None  # JSON text of the tool list the template renders (`tools=`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +109,22 @@ class TokenPrompt:
 
 
 Prompt = TextPrompt | ChatPrompt | TokenPrompt
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParseSpec:
+    """How a chat answer is read back: which parts of the model's text are reasoning and which
+    are tool calls, by the parsers the server is configured with (vLLM's parser names).
+
+    `tools` is the request's tool list as JSON text; `auto_tools` asks the tool-call parser to
+    find calls in free text (`tool_choice: "auto"`); `reasoning` splits reasoning from content
+    when a reasoning parser is configured (else everything is content).
+    """
+
+    tools: str | None = None
+    auto_tools: bool = False
+    reasoning: bool = True
+    chat_template_kwargs: tuple[tuple[str, str | int | float | bool | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,6 +147,7 @@ class GenerationRequest:
     adapter: str | None = None
     priority: int = 0
     timeout_s: float | None = None
+    parse: ParseSpec | None = None  # the answer will be parsed (engines may adjust decoding)
 
 
 class FinishReason(StrEnum):
@@ -222,6 +260,42 @@ class AdapterHandle:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SamplingDefaults:
+    """The model's own defaults (its `generation_config.json`, as vLLM's `generation_config=
+    "auto"`): what a request that omits a field gets instead of the neutral value."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    max_new_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCallPiece:
+    """A tool call, whole or as one streamed piece of it: the first piece of call `index` has
+    its `id` and `name`, later pieces only more `arguments` text."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParsedOutput:
+    """Model text split by the output parsers: reasoning, content (None when there is none) and
+    tool calls. For a whole answer each call is one piece; for a streamed delta, pieces."""
+
+    reasoning: str | None = None
+    content: str | None = None
+    tool_calls: tuple[ToolCallPiece, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EngineInfo:
     model_name: str  # served name of the base model
     model_path: str
@@ -235,6 +309,9 @@ class EngineInfo:
     max_num_seqs: int
     block_size: int
     eos_token_id: int | None = None
+    defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
+    tool_call_parser: str | None = None  # vLLM's parser names; None: not configured
+    reasoning_parser: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

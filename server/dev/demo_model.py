@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-BUILD_VERSION = "llm-gateway-demo-model/1"
+BUILD_VERSION = "llm-gateway-demo-model/2"
 """Changing anything that alters the built files must bump this string (it invalidates caches)."""
 
 MARKER = ".complete"
@@ -49,10 +49,40 @@ SPECIAL_TOKENS: tuple[str, ...] = (
     "<|user|>",
     "<|assistant|>",
 )
+# Added after BPE training, so the ids of everything else stay as they were: the tool role is
+# special; the markup tokens are not (as in Qwen's and Hermes' tokenizers), so they survive
+# decoding and vLLM's parsers see them in the text.
+ADDED_SPECIAL_TOKENS: tuple[str, ...] = ("<|tool|>",)
+MARKUP_TOKENS: tuple[str, ...] = ("<tool_call>", "</tool_call>", "<think>", "</think>")
+# Hermes-style tool calling: the tool list in a system turn, calls as <tool_call> JSON, results
+# as tool turns. `reasoning_effort` gets a system line; `enable_thinking` opens a <think> block.
 CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    "{{ bos_token }}"
+    "{% if tools %}<|system|>Tools:{% for tool in tools %} {{ tool | tojson }}{% endfor %}"
+    " Call one with <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>{{ eos_token }}"
+    "{% endif %}"
+    "{% if reasoning_effort %}<|system|>Reasoning: {{ reasoning_effort }}{{ eos_token }}{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'tool' %}<|tool|><tool_response>{{ m['content'] }}</tool_response>"
+    "{% else %}<|{{ m['role'] }}|>"
+    "{% if m.get('reasoning_content') %}<think>{{ m['reasoning_content'] }}</think>{% endif %}"
+    "{{ m['content'] or '' }}"
+    "{% for call in m.get('tool_calls') or [] %}<tool_call>{\"name\": "
+    "{{ call['function']['name'] | tojson }}, \"arguments\": "
+    "{{ call['function']['arguments'] | tojson }}}</tool_call>{% endfor %}"
+    "{% endif %}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% if enable_thinking %}<think>{% endif %}"
+    "{% endif %}"
 )
+# The model's own sampling defaults (generation_config.json): what vLLM applies to a request
+# that omits a field (`generation_config="auto"`), and the gateway on every protocol.
+GENERATION_DEFAULTS: dict[str, float | int] = {
+    "temperature": 0.7,
+    "top_p": 0.9,
+    "top_k": 40,
+    "repetition_penalty": 1.05,
+    "max_new_tokens": 64,
+}
 VOCAB_SIZE = 1024
 MAX_POSITIONS = 512
 MODEL_SEED = 0
@@ -224,7 +254,7 @@ def _corpus(rng: random.Random) -> Iterator[str]:
 
 def _train_tokenizer() -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on the generated corpus; BOS is prepended on encode."""
-    from tokenizers import Tokenizer, decoders, models, processors, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors, trainers
     from tokenizers import pre_tokenizers as pre
     from transformers import PreTrainedTokenizerFast
 
@@ -243,6 +273,8 @@ def _train_tokenizer() -> PreTrainedTokenizerFast:
     backend.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos_id)]
     )
+    backend.add_special_tokens([AddedToken(t, special=True) for t in ADDED_SPECIAL_TOKENS])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
     return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=backend,
         bos_token="<s>",
@@ -278,7 +310,9 @@ def _make_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
     )
     torch.manual_seed(MODEL_SEED)
     model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
-    model.generation_config = GenerationConfig(**ids)  # type: ignore[no-untyped-call]
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
+        do_sample=True, **GENERATION_DEFAULTS, **ids
+    )
     if model.dtype != torch.float32:
         raise RuntimeError(f"expected a float32 model, got {model.dtype}")
     return model

@@ -24,7 +24,13 @@ async def create_engine(settings: Settings) -> Engine:
         from server.engines.fake import FakeEngine
 
         script = fake_script(settings.model.engine_options)
-        return FakeEngine(script, model_name=settings.model.name)
+        return FakeEngine(
+            script,
+            model_name=settings.model.name,
+            model_path=resolve_path(settings, settings.model.weight_path),
+            tool_call_parser=settings.model.tool_call_parser,
+            reasoning_parser=settings.model.reasoning_parser,
+        )
     from server.engines.vllm import VllmEngineOptions, create
 
     model, lora = settings.model, settings.lora
@@ -45,6 +51,8 @@ async def create_engine(settings: Settings) -> Engine:
         tensor_parallel_size=model.tensor_parallel_size,
         pipeline_parallel_size=model.pipeline_parallel_size,
         distributed_executor_backend=model.distributed_executor_backend,
+        tool_call_parser=model.tool_call_parser,
+        reasoning_parser=model.reasoning_parser,
         extra=dict(model.engine_options),
     )
     engine = await create(options)

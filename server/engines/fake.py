@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
 import time
 import zlib
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from server.core.errors import (
     AdapterInvalid,
@@ -36,7 +37,9 @@ from server.core.types import (
     FinishReason,
     GenerationEvent,
     GenerationRequest,
+    ParseSpec,
     Prompt,
+    SamplingDefaults,
     Started,
     TextPrompt,
     TokenLogprob,
@@ -44,6 +47,7 @@ from server.core.types import (
     TokenTiming,
     Usage,
 )
+from server.engines.fake_parsing import FakeOutputParser, example_json
 
 VOCAB = 1000
 REMEMBERED = 1000
@@ -81,9 +85,23 @@ def _words_of(prompt: Prompt) -> tuple[tuple[str, ...], tuple[int, ...]]:
 
 
 class FakeEngine:
-    def __init__(self, script: FakeScript | None = None, *, model_name: str = "fake") -> None:
+    def __init__(
+        self,
+        script: FakeScript | None = None,
+        *,
+        model_name: str = "fake",
+        model_path: str | None = None,
+        tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
+    ) -> None:
         self.script = script or FakeScript()
         self.model_name = model_name
+        self._info = replace(
+            _info(model_name),
+            defaults=_generation_defaults(model_path),
+            tool_call_parser=tool_call_parser,
+            reasoning_parser=reasoning_parser,
+        )
         # the latest requests and aborts, for assertions (bounded: benchmarks run millions)
         self.requests: deque[GenerationRequest] = deque(maxlen=REMEMBERED)
         self.aborted: deque[str] = deque(maxlen=REMEMBERED)
@@ -111,7 +129,7 @@ class FakeEngine:
                 await asyncio.sleep(0)  # one turn of the loop per request, as one final output
             completion = 0
             for choice in range(request.sampling.n):
-                tokens = _Tokens(request, words, prompt_ids, choice, adapter)
+                tokens = _Tokens(request, words, prompt_ids, choice, adapter, self._info)
                 if request.stream:
                     async for delta in self._stream(tokens, abort, clock):
                         completion += len(delta.token_ids)
@@ -164,7 +182,9 @@ class FakeEngine:
                 return
             piece, tid, stop = tokens.next(i)
             if stop is not None:
-                yield Delta(choice=choice, text="", finish=FinishReason.STOP, matched_stop=stop)
+                yield Delta(
+                    choice=choice, text="", finish=FinishReason.STOP, matched_stop=stop or None
+                )
                 return
             if not streaming:
                 clock.tick()
@@ -225,7 +245,14 @@ class FakeEngine:
         return [f"t{t}" for t in token_ids]
 
     def info(self) -> EngineInfo:
-        return _info(self.model_name)
+        return self._info
+
+    def output_parser(self, spec: ParseSpec) -> FakeOutputParser | None:
+        tools = self._info.tool_call_parser is not None and spec.auto_tools
+        reasoning = self._info.reasoning_parser is not None
+        if not (tools or reasoning):
+            return None
+        return FakeOutputParser(spec, reasoning=reasoning, tools=tools)
 
     def stats(self) -> EngineStats:
         return EngineStats(running=self.running, waiting=0, total_blocks=1024, free_blocks=1024)
@@ -253,25 +280,37 @@ class _Tokens:
         word_ids: tuple[int, ...],
         choice: int,
         adapter: AdapterHandle | None,
+        info: EngineInfo,
     ) -> None:
         self.choice = choice
-        self.limit = request.sampling.max_new_tokens or 16
+        self.limit = request.sampling.max_new_tokens or info.defaults.max_new_tokens or 16
         self.logprobs = request.output.logprobs
         self._stops = request.sampling.stop
         self._words = words
         self._ids = word_ids
         self._first = f"[{adapter.name}]" if adapter else None
         self._text = ""
+        structured = request.sampling.structured
+        # constrained JSON: a fixed value of the schema, ended as by EOS
+        self.exact = structured is not None and structured.json_schema is not None
+        if self.exact:
+            assert structured is not None and structured.json_schema is not None
+            self._words, self._ids = _json_pieces(structured.json_schema)
+            self._first = None
 
     def next(self, i: int) -> tuple[str, int, str | None]:
         """Token i's text and id, and the stop string it completes (the choice then ends
         without it)."""
-        if i == 0 and self._first is not None:
+        if self.exact:
+            if i >= len(self._words):
+                return "", 0, ""  # the value is complete: ends as by EOS
+            word, tid = self._words[i], self._ids[i]
+        elif i == 0 and self._first is not None:
             word, tid = self._first, token_id(self._first)
         else:
             index = (i + self.choice) % len(self._words)
             word, tid = self._words[index], self._ids[index]
-        piece = word + " "
+        piece = word if self.exact else word + " "
         if not self._stops:
             return piece, tid, None
         stop = next((s for s in self._stops if s in self._text + piece), None)
@@ -283,7 +322,7 @@ class _Tokens:
         """One delta per token, the last carrying the finish."""
         return _choice_deltas(
             self._words, self._ids, self.choice, self._first, self.limit, self._stops,
-            self.logprobs is not None,
+            self.logprobs is not None, self.exact,
         )
 
     def whole(self, clock: _TokenClock) -> Delta:
@@ -291,7 +330,7 @@ class _Tokens:
         deterministic)."""
         delta = _whole_choice(
             self._words, self._ids, self.choice, self._first, self.limit, self._stops,
-            self.logprobs is not None,
+            self.logprobs is not None, self.exact,
         )
         if delta.token_ids:
             clock.tick()
@@ -299,24 +338,30 @@ class _Tokens:
 
 
 @functools.lru_cache(maxsize=4096)
-def _choice_tokens(
+def _choice_tokens(  # noqa: PLR0913 - everything a choice depends on, as the cache key
     words: tuple[str, ...],
     ids: tuple[int, ...],
     choice: int,
     first: str | None,
     limit: int,
     stops: tuple[str, ...],
+    exact: bool = False,
 ) -> tuple[tuple[str, ...], tuple[int, ...], FinishReason, str | None]:
-    """A choice's token texts and ids, how it ends, and the stop string that ended it."""
+    """A choice's token texts and ids, how it ends, and the stop string that ended it.
+    `exact`: the words are the whole output as it is (no spaces), ended as by EOS."""
     pieces: list[str] = []
     token_ids: list[int] = []
     text = ""
     for i in range(limit):
-        if i == 0 and first is not None:
+        if exact:
+            if i >= len(words):
+                return tuple(pieces), tuple(token_ids), FinishReason.STOP, None
+            word, tid = words[i], ids[i]
+        elif i == 0 and first is not None:
             word, tid = first, token_id(first)
         else:
             word, tid = words[(i + choice) % len(words)], ids[(i + choice) % len(words)]
-        piece = word + " "
+        piece = word if exact else word + " "
         stop = next((s for s in stops if s in text + piece), None) if stops else None
         if stop is not None:
             return tuple(pieces), tuple(token_ids), FinishReason.STOP, stop
@@ -335,8 +380,11 @@ def _whole_choice(  # noqa: PLR0913 - everything a choice depends on, as the cac
     limit: int,
     stops: tuple[str, ...],
     logprobs: bool,
+    exact: bool = False,
 ) -> Delta:
-    pieces, token_ids, finish, matched = _choice_tokens(words, ids, choice, first, limit, stops)
+    pieces, token_ids, finish, matched = _choice_tokens(
+        words, ids, choice, first, limit, stops, exact
+    )
     top = () if not logprobs else tuple(
         TokenLogprob(token_id=t, token=p, logprob=-0.5)
         for t, p in zip(token_ids, pieces, strict=True)
@@ -356,18 +404,46 @@ def _choice_deltas(  # noqa: PLR0913 - everything a choice depends on, as the ca
     limit: int,
     stops: tuple[str, ...],
     logprobs: bool,
+    exact: bool = False,
 ) -> tuple[Delta, ...]:
     """One delta per token; a length end rides on the last token, a stop string ends with a
-    delta of its own (the token that completed it is not sent)."""
-    pieces, token_ids, finish, matched = _choice_tokens(words, ids, choice, first, limit, stops)
+    delta of its own (the token that completed it is not sent), an exact output's end too."""
+    pieces, token_ids, finish, matched = _choice_tokens(
+        words, ids, choice, first, limit, stops, exact
+    )
+    own_end = matched is not None or (exact and finish is FinishReason.STOP)
     last = len(token_ids) - 1
     deltas = [
-        _delta(choice, piece, tid, logprobs, finish if i == last and matched is None else None)
+        _delta(choice, piece, tid, logprobs, finish if i == last and not own_end else None)
         for i, (piece, tid) in enumerate(zip(pieces, token_ids, strict=True))
     ]
-    if matched is not None:
+    if own_end:
         deltas.append(Delta(choice=choice, text="", finish=finish, matched_stop=matched))
     return tuple(deltas)
+
+
+@functools.lru_cache(maxsize=256)
+def _json_pieces(schema_text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """A fixed value of the schema in pieces of up to four characters (its "tokens")."""
+    text = example_json(schema_text)
+    pieces = tuple(text[i : i + 4] for i in range(0, len(text), 4))
+    return pieces, tuple(token_id(p) for p in pieces)
+
+
+def _generation_defaults(model_path: str | None) -> SamplingDefaults:
+    """The model folder's generation_config.json, read as vLLM reads it (`max_new_tokens` is the
+    default output limit)."""
+    if model_path is None:
+        return SamplingDefaults()
+    try:
+        with open(os.path.join(model_path, "generation_config.json")) as file:
+            config = json.load(file)
+    except (OSError, ValueError):
+        return SamplingDefaults()
+    names = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+             "presence_penalty", "frequency_penalty", "max_new_tokens")
+    given = {k: config[k] for k in names if isinstance(config.get(k), int | float)}
+    return SamplingDefaults(**given)
 
 
 class _TokenClock:

@@ -15,6 +15,8 @@ inside methods), so importing it loads neither vLLM nor torch. It owns:
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
 import re
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
@@ -22,6 +24,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from server.core.engine import OutputParser
 from server.core.errors import (
     AdapterCapacity,
     AdapterInvalid,
@@ -37,6 +40,7 @@ from server.core.errors import (
 )
 from server.core.types import (
     AdapterHandle,
+    ChatMessage,
     ChatPrompt,
     Delta,
     Done,
@@ -45,8 +49,10 @@ from server.core.types import (
     FinishReason,
     GenerationEvent,
     GenerationRequest,
+    ParseSpec,
     Prompt,
     Sampling,
+    SamplingDefaults,
     Started,
     StructuredOutput,
     TokenLogprob,
@@ -57,7 +63,7 @@ from server.core.types import (
 )
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
+    from vllm.config import ModelConfig, VllmConfig
     from vllm.inputs import TokensInput
     from vllm.logprobs import Logprob
     from vllm.lora.request import LoRARequest
@@ -114,6 +120,8 @@ class VllmEngineOptions:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str | None = None
+    tool_call_parser: str | None = None  # vLLM's --tool-call-parser names
+    reasoning_parser: str | None = None  # vLLM's --reasoning-parser names
     extra: dict[str, object] = field(default_factory=dict)
 
     def engine_kwargs(self) -> dict[str, Any]:
@@ -225,9 +233,17 @@ class VllmEngine:
     def __init__(
         self, llm: AsyncLLM, options: VllmEngineOptions, snapshot: _SchedulerSnapshot
     ) -> None:
+        from server.engines.vllm_parsing import ParserFactory
+
         self._llm = llm
         self._snapshot = snapshot
         self._tokenizer: TokenizerLike = llm.get_tokenizer()
+        self._parsers = ParserFactory(
+            tool_call_parser=options.tool_call_parser,
+            reasoning_parser=options.reasoning_parser,
+            tokenizer=self._tokenizer,
+            model_config=llm.model_config,
+        )
         self._info = _engine_info(llm, options, self._tokenizer)
         self._vocab_end = max(self._info.vocab_size, self._tokenizer.max_token_id + 1)
         self._lora_enabled = llm.vllm_config.lora_config is not None
@@ -245,7 +261,9 @@ class VllmEngine:
             raise ServiceUnavailable("the engine is shut down")
         self._check_prompt_logprobs(request)
         prompt = await self._prepare(request)
-        params = _sampling_params(request, self._max_tokens(request.sampling, prompt))
+        params = _sampling_params(
+            request, self._max_tokens(request.sampling, prompt), self._skips_special(request)
+        )
         lora = self._lora_request(adapter)
         folder = _EventFolder(prompt, request)
         completed = False
@@ -311,8 +329,10 @@ class VllmEngine:
         return _PreparedPrompt(token_ids, text)
 
     def _render_chat(self, prompt: ChatPrompt) -> str:
-        messages: list[Any] = [_chat_message(m.role, m.content, m.name) for m in prompt.messages]
+        messages: list[Any] = [_chat_message(m) for m in prompt.messages]
         kwargs: dict[str, Any] = dict(prompt.chat_template_kwargs)
+        if prompt.tools:
+            kwargs["tools"] = json.loads(prompt.tools)
         kwargs.update(
             tokenize=False,
             add_generation_prompt=prompt.add_generation_prompt,
@@ -375,11 +395,13 @@ class VllmEngine:
             )
 
     def _max_tokens(self, sampling: Sampling, prompt: _PreparedPrompt) -> int:
+        """The request's limit; without one, the model's default, both within the context."""
         max_len, prompt_len = self._info.max_model_len, len(prompt.token_ids)
         room = max_len - prompt_len
         wanted = sampling.max_new_tokens
         if wanted is None:
-            return room
+            default = self._info.defaults.max_new_tokens
+            return room if default is None else min(room, default)
         if wanted > room:
             raise InvalidRequest(
                 f"'max_tokens' or 'max_completion_tokens' is too large: {wanted}. This model's "
@@ -431,6 +453,17 @@ class VllmEngine:
         if not self._lora_enabled:
             return set()
         return set(await self._call(self._llm.list_loras()))
+
+    def _skips_special(self, request: GenerationRequest) -> bool:
+        default = request.sampling.skip_special_tokens
+        if request.parse is None:
+            return default
+        return self._parsers.skips_special_tokens(request.parse, default)
+
+    # -- output parsers --------------------------------------------------------------------
+
+    def output_parser(self, spec: ParseSpec) -> OutputParser | None:
+        return self._parsers.parser(spec)
 
     # -- tokenizer -------------------------------------------------------------------------
 
@@ -612,13 +645,16 @@ def _rank(logprob: Logprob) -> int:
     return logprob.rank if logprob.rank is not None else 1 << 62
 
 
-def _sampling_params(request: GenerationRequest, max_tokens: int) -> SamplingParams:
+def _sampling_params(
+    request: GenerationRequest, max_tokens: int, skip_special_tokens: bool
+) -> SamplingParams:
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
     sampling = request.sampling
     if sampling.best_of is not None and sampling.best_of != sampling.n:
         raise Unsupported("best_of is not supported by this engine.", param="best_of")
     kwargs = _sampling_kwargs(sampling, max_tokens)
+    kwargs["skip_special_tokens"] = skip_special_tokens
     try:
         return SamplingParams(
             **kwargs,
@@ -652,15 +688,19 @@ def _sampling_kwargs(sampling: Sampling, max_tokens: int) -> dict[str, Any]:
         "logit_bias": dict(sampling.logit_bias) or None,
         "allowed_token_ids": None if allowed is None else list(allowed),
         "bad_words": list(sampling.bad_words) or None,
-        "structured_outputs": _structured_outputs(sampling.structured),
+        "structured_outputs": _structured_outputs(sampling.structured, max_tokens),
     }
 
 
-def _structured_outputs(structured: StructuredOutput | None) -> StructuredOutputsParams | None:
+def _structured_outputs(
+    structured: StructuredOutput | None, max_tokens: int
+) -> StructuredOutputsParams | None:
     if structured is None:
         return None
     from vllm.sampling_params import StructuredOutputsParams
 
+    if structured.fit_budget and structured.json_schema is not None:
+        return StructuredOutputsParams(grammar=_fitted_grammar(structured.json_schema, max_tokens))
     return StructuredOutputsParams(
         json=structured.json_schema,
         json_object=structured.json_object or None,
@@ -676,15 +716,63 @@ def _engine_input(prompt: _PreparedPrompt) -> TokensInput:
     return tokens_input(prompt.token_ids, prompt=prompt.text)
 
 
-def _chat_message(role: str, content: str, name: str | None) -> dict[str, str]:
-    message = {"role": role, "content": content}
-    if name is not None:
-        message["name"] = name
-    return message
+@functools.lru_cache(maxsize=256)
+def _fitted_grammar(schema_text: str, max_tokens: int) -> str:
+    """The schema bounded to `max_tokens` (see `json_budget`), as a grammar without any optional
+    whitespace: xgrammar's JSON-schema converter with compact separators, so the bound holds."""
+    import xgrammar
+
+    from server.core.json_budget import fit_schema
+
+    try:
+        schema = json.loads(schema_text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"The JSON schema is not valid JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise InvalidRequest("The JSON schema must be a JSON object.")
+    bounded, fits = fit_schema(schema, max_tokens)
+    if not fits:
+        logger.info("a JSON schema does not fit in %d tokens: decoded at its tightest", max_tokens)
+    try:
+        grammar = xgrammar.Grammar.from_json_schema(
+            json.dumps(bounded), any_whitespace=False, separators=(",", ":"), strict_mode=True
+        )
+    except Exception as exc:  # the converter's own message says what is wrong in the schema
+        raise InvalidRequest(f"The JSON schema cannot be used: {_first_line(exc)}") from exc
+    return str(grammar)
+
+
+def _chat_message(message: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates read it (vLLM's shape: tool-call arguments as objects)."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.reasoning is not None:
+        out["reasoning_content"] = message.reasoning
+    return out
+
+
+def _arguments(text: str) -> object:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    return value if isinstance(value, dict) else text
 
 
 def _chat_size(prompt: ChatPrompt) -> int:
-    return sum(len(message.content) for message in prompt.messages)
+    return sum(len(message.content) for message in prompt.messages) + len(prompt.tools or "")
 
 
 async def _off_loop(size: int, func: Callable[..., _T], *args: Any) -> _T:
@@ -711,7 +799,35 @@ def _engine_info(llm: AsyncLLM, options: VllmEngineOptions, tokenizer: Tokenizer
         max_num_seqs=config.scheduler_config.max_num_seqs,
         block_size=config.cache_config.block_size,
         eos_token_id=tokenizer.eos_token_id,
+        defaults=model_defaults(config.model_config),
+        tool_call_parser=options.tool_call_parser,
+        reasoning_parser=options.reasoning_parser,
     )
+
+
+def model_defaults(model_config: ModelConfig) -> SamplingDefaults:
+    """The model's generation-config defaults as vLLM reads them (`generation_config="auto"`)."""
+    diff = model_config.get_diff_sampling_param()
+    if diff:
+        logger.info("the model's generation config sets sampling defaults: %s", diff)
+    return SamplingDefaults(
+        temperature=_number(diff.get("temperature")),
+        top_p=_number(diff.get("top_p")),
+        top_k=_integer(diff.get("top_k")),
+        min_p=_number(diff.get("min_p")),
+        repetition_penalty=_number(diff.get("repetition_penalty")),
+        presence_penalty=_number(diff.get("presence_penalty")),
+        frequency_penalty=_number(diff.get("frequency_penalty")),
+        max_new_tokens=_integer(diff.get("max_tokens")),
+    )
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _integer(value: object) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _to_gateway_error(exc: Exception) -> GatewayError:

@@ -85,6 +85,9 @@ ALIASES: Final[dict[str, tuple[str, ...]]] = {
     "ModelConfig.pipelineParallelSize": ("model.pipeline_parallel_size",),
     "ModelConfig.distributedExecutorBackend": ("model.distributed_executor_backend",),
     "ModelConfig.kvCacheSpaceGiB": ("model.kv_cache_space_gib",),
+    "ModelConfig.toolCallParser": ("model.tool_call_parser",),
+    "ModelConfig.reasoningParser": ("model.reasoning_parser",),
+    "ModelConfig.aliases": ("model.aliases",),
     "ModelConfig.engineOptions": ("model.engine_options",),
     "LoraConfig.enabled": ("lora.enabled",),
     "LoraConfig.maxLoras": ("lora.max_loras",),
@@ -150,6 +153,8 @@ DJL_OPTIONS: Final[dict[str, str]] = {
     "max_model_len": "ModelConfig.maxModelLen",
     "seed": "ModelConfig.seed",
     "distributed_executor_backend": "ModelConfig.distributedExecutorBackend",
+    "tool_call_parser": "ModelConfig.toolCallParser",
+    "reasoning_parser": "ModelConfig.reasoningParser",
 }
 ENGINE_OPTIONS = "ModelConfig.engineOptions"
 SECRET_KEYS = frozenset(

@@ -81,6 +81,9 @@ class ModelSettings(_Section):
     pipeline_parallel_size: int = Field(1, ge=1)
     distributed_executor_backend: str | None = None
     kv_cache_space_gib: int = Field(1, ge=1)
+    tool_call_parser: str | None = None  # vLLM's --tool-call-parser name: tool_choice "auto"
+    reasoning_parser: str | None = None  # vLLM's --reasoning-parser name
+    aliases: list[str] = Field(default_factory=list)  # more names that select the base model
     engine_options: dict[str, Any] = Field(default_factory=dict)  # any other AsyncEngineArgs
 
 
