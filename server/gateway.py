@@ -105,6 +105,7 @@ def build_gateway(
         admission=admission,
         limits=limits,
         base_names=base_names,
+        aliases=settings.model.aliases,
         observer=observer or metrics,
     )
     registries = (REGISTRY, registry)
@@ -244,7 +245,7 @@ def adapter_rules(settings: Settings, base_names: list[str]) -> AdapterRules:
     return AdapterRules(
         roots=tuple(roots),
         max_rank=lora.max_lora_rank,
-        base_names=frozenset(base_names),
+        base_names=frozenset(base_names) | frozenset(settings.model.aliases),
         base_shape=BaseModelShape.from_model_dir(model_path),
     )
 

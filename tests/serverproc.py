@@ -101,6 +101,7 @@ def base_config(engine: str = "vllm") -> dict[str, Any]:
             "modelWeightPath": str(DEMO / "model"),
             "maxModelLen": 512,
             "maxNumSeqs": 32,
+            "toolCallParser": "hermes",
         },
         "LoraConfig": {
             "enabled": True,

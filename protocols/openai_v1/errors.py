@@ -29,6 +29,17 @@ class InvalidUserInput(InvalidRequest):
     error_type = "invalid_user_input"
 
 
+class InvalidFields(InvalidRequest):
+    """A body that fails its wire model: vLLM (FastAPI) answers these with type "Bad Request"
+    and a message listing the pydantic errors, unlike its own checks' "BadRequestError"."""
+
+
+class CannotCancel(InvalidRequest):
+    """vLLM: 400 `invalid_request_error` for cancelling a response that is not running."""
+
+    error_type = "cannot_cancel"
+
+
 class LoraPathNotFound(AdapterNotFound):
     """`lora_path` holds no adapter: vLLM answers 404 with `param: null`."""
 
@@ -46,6 +57,7 @@ TABLE: dict[str, tuple[int, str]] = {
     "adapter_invalid": (400, "BadRequestError"),
     "lora_disabled": (400, "BadRequestError"),
     "invalid_user_input": (400, "InvalidUserInput"),
+    "cannot_cancel": (400, "invalid_request_error"),
     "adapter_exists": (400, "InvalidUserInput"),
     "payload_too_large": (413, "RequestEntityTooLarge"),
     "unauthorized": (401, "AuthenticationError"),
@@ -53,6 +65,7 @@ TABLE: dict[str, tuple[int, str]] = {
     "adapter_not_found": (404, "NotFoundError"),
     "lora_path_not_found": (404, "NotFoundError"),
     "request_not_found": (404, "NotFoundError"),
+    "response_not_found": (404, "invalid_request_error"),
     "overloaded": (429, "RateLimitError"),
     "generation": (500, "InternalServerError"),
     "internal": (500, "InternalServerError"),
@@ -65,6 +78,8 @@ TABLE: dict[str, tuple[int, str]] = {
 
 def status_and_type(exc: GatewayError) -> tuple[int, str]:
     """The row of the closest class in the MRO that has one (new subclasses inherit a row)."""
+    if isinstance(exc, InvalidFields):
+        return 400, "Bad Request"
     for cls in type(exc).__mro__:
         row = TABLE.get(getattr(cls, "error_type", ""))
         if row is not None:

@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
-from protocols.openai_v1 import errors, schema, tools, translate
+from protocols.openai_v1 import errors, responses, schema, tools, translate
 from server.core.batch import BatchStream
 from server.core.engine import OutputParser
 from server.core.errors import (
@@ -29,7 +29,7 @@ from server.core.errors import (
 from server.core.service import InferenceService
 from server.core.stream import EventStream
 from server.core.types import ChatPrompt, GenerationEvent, GenerationRequest, GenerationResult
-from server.http.body import json_response, parse_model, read_json, request_id_header
+from server.http.body import json_response, read_json, request_id_header
 from server.http.context import ADMIN_KEY, ProtocolContext, current_request_id
 from server.http.disconnect import until_disconnect
 from server.http.router import has_key
@@ -66,6 +66,13 @@ def routes(ctx: ProtocolContext) -> list[Route]:
     out.post("/invocations", complete, claim=has_key("prompt"),
              doc=Doc(summary="SageMaker: completion (`prompt`)", body=schema.CompletionRequest,
                      streams=True))
+    store = responses.ResponseStore()
+    out.post("/v1/responses", create_response(ctx, store),
+             doc=Doc(summary="Responses API", body=schema.ResponsesRequest, streams=True))
+    out.get("/v1/responses/{response_id}", retrieve_response(store),
+            doc=Doc(summary="A stored response"))
+    out.post("/v1/responses/{response_id}/cancel", cancel_response(store),
+             doc=Doc(summary="Cancel a background response"))
     out.get("/v1/models", list_models(ctx), doc=Doc(summary="Served models and adapters"))
     out.get("/v1/models/{model:path}", retrieve_model(ctx), doc=Doc(summary="One model"))
     out.post("/tokenize", tokenize(ctx), claim=_tokenize_body,
@@ -187,6 +194,62 @@ async def _generate(
     if len(gens) == 1:
         return await service.generate(gens[0])
     return await service.generate_batch(gens)
+
+
+# ---- the Responses API ---------------------------------------------------------------------------
+
+
+def create_response(ctx: ProtocolContext, store: responses.ResponseStore) -> Endpoint:
+    service = ctx.service
+
+    async def create(request: Request) -> Answer:
+        body = await _body(request, ctx, schema.ResponsesRequest)
+        info = service.info()
+        facts = responses.ServerFacts(
+            base_names=service.base_names, served_name=service.served_name, bounds=ctx.bounds,
+            defaults=info.defaults, tool_call_parser=info.tool_call_parser,
+            reasoning_parser=info.reasoning_parser,
+        )
+        call = responses.responses_call(
+            body, request_id=_request_id(request, body), facts=facts, store=store
+        )
+        gen, parser = call.request, _parser(service, call.request)
+
+        def keep(response: dict[str, Any]) -> None:
+            if body.store is not False:
+                store.put(call.id, responses.stored(call, response))
+
+        if gen.stream:
+            events = await service.start(gen)
+            fmt = responses.ResponseEvents(
+                call, parser(), max_model_len=info.max_model_len, on_complete=keep
+            )
+            return EventStreamAnswer(events, fmt, media_type=SSE_MEDIA_TYPE)
+        result = await until_disconnect(request, service.generate(gen))
+        reader = tools.ChoiceReader(call.plan, parser())
+        response = responses.final_response(call, result, reader, info.max_model_len)
+        keep(response)
+        return json_response(response)
+
+    return create
+
+
+def retrieve_response(store: responses.ResponseStore) -> Endpoint:
+    async def retrieve(request: Request) -> Answer:
+        return json_response(store.get(request.path_params["response_id"]).response)
+
+    return retrieve
+
+
+def cancel_response(store: responses.ResponseStore) -> Endpoint:
+    """Only background responses can be cancelled; none are served here (vLLM's answer for a
+    stored synchronous one)."""
+
+    async def cancel(request: Request) -> Answer:
+        store.get(request.path_params["response_id"])
+        raise errors.CannotCancel("Cannot cancel a synchronous response.", param="response_id")
+
+    return cancel
 
 
 # ---- models ------------------------------------------------------------------------------------
@@ -344,12 +407,50 @@ async def _body(request: Request, ctx: ProtocolContext, model: type[ModelT]) -> 
 
 
 def _parse(model: type[ModelT], data: Any) -> ModelT:
-    """Validation errors name the field as FastAPI does in vLLM: `body.<path>`."""
+    """Validation errors as FastAPI reports them in vLLM: every pydantic error listed, the
+    field named `body.<path>`, type "Bad Request"."""
+    if not isinstance(data, dict):
+        raise InvalidRequest("The request body must be a JSON object")
     try:
-        return parse_model(model, data)
-    except InvalidRequest as exc:
-        param = _clean_param(exc.param)
-        raise InvalidRequest(exc.message, param=param and f"body.{param}") from None
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _invalid_fields(exc) from None
+
+
+MAX_LISTED_ERRORS = 10
+
+
+def _invalid_fields(exc: ValidationError) -> errors.InvalidFields:
+    found = exc.errors(include_url=False)
+    count = len(found)
+    lines = [f"  {_vllm_error(error)}"[:1000] for error in found[:MAX_LISTED_ERRORS]]
+    if count > MAX_LISTED_ERRORS:
+        lines.append(f"  ...and {count - MAX_LISTED_ERRORS} more errors")
+    noun = "error" if count == 1 else "errors"
+    message = f"{count} validation {noun}:\n" + "\n".join(lines)
+    first = ".".join(str(p) for p in found[0]["loc"]) if found else ""
+    param = _clean_param(first)
+    return errors.InvalidFields(message.rstrip(), param=param and f"body.{param}")
+
+
+def _vllm_error(error: Any) -> dict[str, Any]:
+    """One pydantic error as vLLM prints it: loc joined with dots, the input summarised."""
+    shown: dict[str, Any] = {
+        "type": error["type"],
+        "loc": ".".join(["body", *(str(p) for p in error["loc"])]),
+        "msg": error["msg"],
+        "input": _summary(error.get("input")),
+    }
+    if error.get("ctx"):
+        shown["ctx"] = {key: _summary(value) for key, value in error["ctx"].items()}
+    return shown
+
+
+def _summary(value: object) -> str:
+    if isinstance(value, dict | list | tuple | set):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    text = str(value)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _clean_param(param: str | None) -> str | None:
@@ -369,7 +470,9 @@ def _with_adapter_header(request: Request, body: ModelT) -> ModelT:
     return body.model_copy(update={"model": adapter}) if adapter else body
 
 
-def _request_id(request: Request, body: schema.SamplingFields) -> str:
+def _request_id(
+    request: Request, body: schema.SamplingFields | schema.ResponsesRequest
+) -> str:
     return request_id_header(request) or body.request_id or current_request_id()
 
 
@@ -381,4 +484,6 @@ def _meta(service: InferenceService, prefix: str, gen: GenerationRequest) -> tra
 
 
 def _base_names(service: InferenceService) -> list[str]:
-    return [service.served_name, *sorted(service.base_names - {service.served_name})]
+    """The served names (configured aliases select the base model but are not listed)."""
+    others = service.base_names - service.aliases - {service.served_name}
+    return [service.served_name, *sorted(others)]

@@ -173,3 +173,74 @@ class TokenizeChatRequest(_Wire):
 class DetokenizeRequest(_Wire):
     model: str | None = None
     tokens: list[TokenId]
+
+
+# ---- the Responses API ----------------------------------------------------------------------
+
+
+class ResponsesTool(_Wire):
+    """A tool of the Responses API: only function tools are served here."""
+
+    type: str
+    name: str | None = Field(None, min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponseTextFormat(_Wire):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseText(_Wire):
+    format: ResponseTextFormat | None = None
+    verbosity: str | None = None
+
+
+class ResponseReasoning(_Wire):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: str | None = None
+    generate_summary: str | None = None
+
+
+class ResponsesRequest(_Wire):
+    """vLLM's `ResponsesRequest` (the OpenAI Responses API), the fields served here."""
+
+    input: str | list[dict[str, Any]]
+    model: str | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0)
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    stop: str | list[str] | None = None
+    tools: list[ResponsesTool] = Field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool | None = True
+    max_tool_calls: int | None = Field(None, ge=0)
+    stream: bool | None = False
+    store: bool | None = True
+    previous_response_id: str | None = None
+    text: ResponseText | None = None
+    reasoning: ResponseReasoning | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    truncation: Literal["auto", "disabled"] | None = "disabled"
+    background: bool | None = False
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    prompt: Any = None
+    service_tier: str | None = "auto"
+    chat_template_kwargs: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM's extension
+    request_id: str | None = Field(None, min_length=1, max_length=256)
+    priority: int = 0

@@ -262,7 +262,9 @@ class ChoiceReader:
 
     # -- whole answers --
 
-    def whole(self, text: str, token_ids: Sequence[int]) -> ParsedOutput:
+    def whole(
+        self, text: str, token_ids: Sequence[int], prompt_token_ids: Sequence[int] = ()
+    ) -> ParsedOutput:
         plan = self._plan
         if plan.mode == "named":
             calls = [(plan.function or "", text)] if text.strip() else []
@@ -270,7 +272,11 @@ class ChoiceReader:
         if plan.mode == "required":
             complete = [(name, args) for name, args, done in scan_calls(text) if done]
             return self._with_calls(ParsedOutput(content=""), complete)
-        parsed = self._parser.parse(text, token_ids) if self._parser else ParsedOutput(content=text)
+        parsed = (
+            self._parser.parse(text, token_ids, prompt_token_ids=prompt_token_ids)
+            if self._parser
+            else ParsedOutput(content=text)
+        )
         pieces = tuple(
             ToolCallPiece(index=i, id=p.id or new_call_id(), name=p.name, arguments=p.arguments)
             for i, p in enumerate(parsed.tool_calls[: 1 if not plan.parallel else None])

@@ -318,7 +318,7 @@ def to_sampling(
 def to_structured(body: schema.SamplingFields) -> StructuredOutput | None:
     """`response_format` (json_object, json_schema) or vLLM's `structured_outputs`."""
     if body.structured_outputs:
-        return _vllm_structured(body.structured_outputs)
+        return vllm_structured(body.structured_outputs)
     fmt = body.response_format or {}
     kind = fmt.get("type", "text")
     if kind == "text":
@@ -340,7 +340,7 @@ def to_structured(body: schema.SamplingFields) -> StructuredOutput | None:
     )
 
 
-def _vllm_structured(spec: Mapping[str, Any]) -> StructuredOutput:
+def vllm_structured(spec: Mapping[str, Any]) -> StructuredOutput:
     chosen = [k for k in ("json", "regex", "choice", "grammar", "json_object") if spec.get(k)]
     if len(chosen) != 1:
         raise InvalidRequest(
@@ -627,7 +627,9 @@ def chat_response(result: GenerationResult, view: ChatView) -> JSON:
         "object": "chat.completion",
         "created": view.meta.created,
         "model": view.meta.model,
-        "choices": [_chat_choice(choice, view) for choice in result.choices],
+        "choices": [
+            _chat_choice(choice, view, result.prompt.prompt_token_ids) for choice in result.choices
+        ],
         "service_tier": None,
         "system_fingerprint": None,
         "usage": usage_dict(result.usage),
@@ -637,13 +639,13 @@ def chat_response(result: GenerationResult, view: ChatView) -> JSON:
     }
 
 
-def _chat_choice(choice: Choice, view: ChatView) -> JSON:
+def _chat_choice(choice: Choice, view: ChatView, prompt_ids: Sequence[int] = ()) -> JSON:
     logprobs = {"content": [chat_logprob(lp) for lp in choice.logprobs]} if view.logprobs else None
     reader = view.reader()
     finish = choice.finish_reason.value
     parsed = ParsedOutput(content=view.echo_prefix + choice.text)
     if reader is not None:
-        parsed = _parsed(reader.whole(choice.text, choice.token_ids), view)
+        parsed = _parsed(reader.whole(choice.text, choice.token_ids, prompt_ids), view)
         finish = tools.finish_reason(reader, view.tools, finish)
     message: JSON = {
         "role": "assistant",

@@ -33,8 +33,11 @@ from server.core.types import (
 class OutputParser(Protocol):
     """Splits one choice's text into reasoning, content and tool calls (vLLM's parsers)."""
 
-    def parse(self, text: str, token_ids: Sequence[int]) -> ParsedOutput:
-        """A whole answer."""
+    def parse(
+        self, text: str, token_ids: Sequence[int], *, prompt_token_ids: Sequence[int] = ()
+    ) -> ParsedOutput:
+        """A whole answer (`prompt_token_ids`: the prompt it answers, for parsers that look at
+        how the prompt ends, e.g. inside an open reasoning block)."""
 
     def parse_delta(
         self,

@@ -57,6 +57,7 @@ class InferenceService:
         lifecycle: Lifecycle,
         limits: Limits,
         base_names: Sequence[str],
+        aliases: Sequence[str] = (),
         admission: Admission | None = None,
         observer: RequestObserver | None = None,
     ) -> None:
@@ -64,7 +65,10 @@ class InferenceService:
         self.adapters = adapters
         self.lifecycle = lifecycle
         self.limits = limits
-        self.base_names = frozenset(base_names)
+        # every name that selects the base model: served names, then configured aliases (names
+        # clients send for "the model", e.g. TGI's "tgi"), which no listing shows
+        self.base_names = frozenset(base_names) | frozenset(aliases)
+        self.aliases = frozenset(aliases) - frozenset(base_names)
         self.served_name = base_names[0]
         self.observer: RequestObserver = observer or NullObserver()
         self.admission = admission or Admission(limits)
@@ -264,7 +268,7 @@ class InferenceService:
     def _not_found(self, name: str) -> ModelNotFound:
         return ModelNotFound(
             f"The model `{name}` does not exist. Valid aliases: "
-            f"{', '.join(sorted(self.base_names))}."
+            f"{', '.join(sorted(self.base_names - self.aliases))}."
         )
 
     def _release_slot(self) -> None:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-BUILD_VERSION = "llm-gateway-demo-model/2"
+BUILD_VERSION = "llm-gateway-demo-model/3"
 """Changing anything that alters the built files must bump this string (it invalidates caches)."""
 
 MARKER = ".complete"
@@ -54,13 +54,14 @@ SPECIAL_TOKENS: tuple[str, ...] = (
 # decoding and vLLM's parsers see them in the text.
 ADDED_SPECIAL_TOKENS: tuple[str, ...] = ("<|tool|>",)
 MARKUP_TOKENS: tuple[str, ...] = ("<tool_call>", "</tool_call>", "<think>", "</think>")
-# Hermes-style tool calling: the tool list in a system turn, calls as <tool_call> JSON, results
-# as tool turns. `reasoning_effort` gets a system line; `enable_thinking` opens a <think> block.
+# Hermes-style tool calling: the tools in a system turn (name and parameter names only: the
+# context is 512 tokens), calls as <tool_call> JSON, results as tool turns. `reasoning_effort`
+# gets a system line; `enable_thinking` opens a <think> block.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
-    "{% if tools %}<|system|>Tools:{% for tool in tools %} {{ tool | tojson }}{% endfor %}"
-    " Call one with <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>{{ eos_token }}"
-    "{% endif %}"
+    "{% if tools %}<|system|>Tools:{% for tool in tools %}{% set f = tool['function'] %}"
+    " {{ f['name'] }}({{ ((f['parameters'] or {})['properties'] or {}) | join(', ') }})"
+    "{% endfor %}{{ eos_token }}{% endif %}"
     "{% if reasoning_effort %}<|system|>Reasoning: {{ reasoning_effort }}{{ eos_token }}{% endif %}"
     "{% for m in messages %}"
     "{% if m['role'] == 'tool' %}<|tool|><tool_response>{{ m['content'] }}</tool_response>"

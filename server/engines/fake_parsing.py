@@ -22,23 +22,22 @@ _MARKERS = (THINK_START, THINK_END, CALL_START, CALL_END)
 
 class FakeOutputParser:
     def __init__(self, spec: ParseSpec, *, reasoning: bool, tools: bool) -> None:
+        self._spec = spec
         self._reasoning = reasoning and spec.reasoning
         self._split_reasoning = reasoning
         self._tools = tools and spec.auto_tools
         self._pending = ""  # streamed text not parsed yet (may hold the start of a marker)
         self._in_think = False
         self._calls = 0
+        self._called = False  # streamed text after a call is dropped, as Hermes does
 
-    def parse(self, text: str, token_ids: Sequence[int]) -> ParsedOutput:
-        reasoning, content = self._split(text)
-        calls: list[ToolCallPiece] = []
-        if self._tools and content and CALL_START in content:
-            content, calls = self._extract_calls(content)
-        return ParsedOutput(
-            reasoning=reasoning if self._reasoning else None,
-            content=content or None,
-            tool_calls=tuple(calls),
-        )
+    def parse(
+        self, text: str, token_ids: Sequence[int], *, prompt_token_ids: Sequence[int] = ()
+    ) -> ParsedOutput:
+        """A whole answer reads as the same text streamed in one piece (so they agree)."""
+        fresh = FakeOutputParser(self._spec, reasoning=self._split_reasoning, tools=self._tools)
+        parsed = fresh.parse_delta(text, token_ids, prompt_token_ids=None, finished=True)
+        return parsed or ParsedOutput()
 
     def parse_delta(
         self,
@@ -52,7 +51,7 @@ class FakeOutputParser:
         reasoning, content, calls = "", "", []
         while self._pending:
             progressed, r, c, call = self._step(finished)
-            reasoning, content = reasoning + r, content + c
+            reasoning, content = reasoning + r, content + ("" if self._called else c)
             if call is not None:
                 calls.append(call)
             if not progressed:
@@ -104,28 +103,8 @@ class FakeOutputParser:
             return False, "", (text if finished else ""), None
         self._pending = text[end + len(CALL_END) :]
         call = self._call(text[len(CALL_START) : end])
+        self._called = self._called or call is not None
         return True, "", ("" if call else text[: end + len(CALL_END)]), call
-
-    def _split(self, text: str) -> tuple[str | None, str]:
-        if not self._split_reasoning or THINK_END not in text:
-            return None, text
-        head, _, tail = text.partition(THINK_END)
-        return head.removeprefix(THINK_START), tail
-
-    def _extract_calls(self, content: str) -> tuple[str, list[ToolCallPiece]]:
-        calls, kept = [], []
-        rest = content
-        while CALL_START in rest:
-            before, _, after = rest.partition(CALL_START)
-            body, found, rest = after.partition(CALL_END)
-            call = self._call(body) if found else None
-            kept.append(before)
-            if call is None:
-                kept.append(CALL_START + body + found)
-            else:
-                calls.append(call)
-        kept.append(rest)
-        return "".join(kept).strip(), calls
 
     def _call(self, body: str) -> ToolCallPiece | None:
         try:

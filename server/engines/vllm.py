@@ -387,29 +387,25 @@ class VllmEngine:
                 f"prompt contains {prompt_len} input tokens, which exceeds this limit even "
                 "without any output tokens. Please reduce the length of the input prompt."
             )
-        if prompt_len == max_len:
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {max_len} tokens. However, your "
-                f"prompt contains {prompt_len} input tokens, which leaves no room for any "
-                "output tokens. Please reduce the length of the input prompt."
-            )
+        if prompt_len == max_len:  # vLLM's words: no room is a limit of 0
+            raise ContextLengthExceeded("max_tokens must be at least 1, got 0.", param="max_tokens")
 
     def _max_tokens(self, sampling: Sampling, prompt: _PreparedPrompt) -> int:
-        """The request's limit; without one, the model's default, both within the context."""
+        """vLLM's rule: the request's limit, else the model's default, cut to the room the
+        prompt leaves; only a limit beyond the whole context is an error."""
         max_len, prompt_len = self._info.max_model_len, len(prompt.token_ids)
         room = max_len - prompt_len
         wanted = sampling.max_new_tokens
         if wanted is None:
             default = self._info.defaults.max_new_tokens
             return room if default is None else min(room, default)
-        if wanted > room:
+        if wanted > max_len:
             raise InvalidRequest(
-                f"'max_tokens' or 'max_completion_tokens' is too large: {wanted}. This model's "
-                f"maximum context length is {max_len} tokens and your request has {prompt_len} "
-                f"input tokens ({wanted} > {max_len} - {prompt_len}).",
+                f"max_tokens={wanted} cannot be greater than max_model_len={max_len}. Please "
+                "request fewer output tokens.",
                 param="max_tokens",
             )
-        return wanted
+        return min(wanted, room)
 
     def _lora_request(self, adapter: AdapterHandle | None) -> LoRARequest | None:
         if adapter is None:

@@ -121,8 +121,12 @@ class VllmOutputParser:
         self._request = request
         self._auto_tools = auto_tools
 
-    def parse(self, text: str, token_ids: Sequence[int]) -> ParsedOutput:
+    def parse(
+        self, text: str, token_ids: Sequence[int], *, prompt_token_ids: Sequence[int] = ()
+    ) -> ParsedOutput:
         try:
+            if prompt_token_ids:
+                self._parser.set_prompt_token_ids(list(prompt_token_ids))
             reasoning, content, calls = self._parser.parse(
                 text, self._request, enable_auto_tools=self._auto_tools,
                 model_output_token_ids=list(token_ids),
@@ -134,6 +138,8 @@ class VllmOutputParser:
             ToolCallPiece(index=i, id=call.id, name=call.name, arguments=call.arguments)
             for i, call in enumerate(calls or ())
         )
+        if not self._request.include_reasoning:  # vLLM's serving layer drops it
+            reasoning = None
         return ParsedOutput(reasoning=reasoning, content=content, tool_calls=pieces)
 
     def parse_delta(

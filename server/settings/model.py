@@ -83,7 +83,9 @@ class ModelSettings(_Section):
     kv_cache_space_gib: int = Field(1, ge=1)
     tool_call_parser: str | None = None  # vLLM's --tool-call-parser name: tool_choice "auto"
     reasoning_parser: str | None = None  # vLLM's --reasoning-parser name
-    aliases: list[str] = Field(default_factory=list)  # more names that select the base model
+    # more names that select the base model: TGI's own clients send "tgi", huggingface_hub's
+    # InferenceClient(base_url=...) sends "dummy"
+    aliases: list[str] = Field(default_factory=lambda: ["tgi", "dummy"])
     engine_options: dict[str, Any] = Field(default_factory=dict)  # any other AsyncEngineArgs
 
 

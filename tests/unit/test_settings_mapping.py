@@ -36,7 +36,8 @@ DEFAULTS: dict[str, Any] = {
         "modelName": "tiny", "modelWeightPath": "build/demo/model", "dtype": "float32",
         "maxModelLen": 512, "maxNumSeqs": 32, "seed": 0, "enforceEager": True,
         "tensorParallelSize": 1, "pipelineParallelSize": 1, "distributedExecutorBackend": None,
-        "kvCacheSpaceGiB": 1, "toolCallParser": None, "reasoningParser": None, "aliases": [],
+        "kvCacheSpaceGiB": 1, "toolCallParser": None, "reasoningParser": None,
+        "aliases": ["tgi", "dummy"],
         "engineOptions": {},
     },
     "LoraConfig": {

@@ -1,0 +1,128 @@
+"""Reasoning on the real engine: a gateway configured with vLLM's `qwen3` reasoning parser and
+the `hermes` tool-call parser, driven by the `openai` SDK. The demo model's template opens a
+`<think>` block when `enable_thinking` (or a `reasoning_effort` other than "none") asks for one;
+its random output is forced into think markup with a regex so the parser has work to do."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from tests.serverproc import RunningServer, running_server
+
+pytestmark = [pytest.mark.engine]
+
+MESSAGES: list[Any] = [{"role": "user", "content": "Why is the sky blue?"}]
+THOUGHT = r"[a-z]{4,8} [a-z]{4,8}</think>[a-z]{4,8}[.]"
+FORCED: dict[str, Any] = {
+    "temperature": 0, "max_tokens": 60, "extra_body": {"structured_outputs": {"regex": THOUGHT}},
+}
+
+
+@pytest.fixture(scope="module")
+def reasoning_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    folder: Path = tmp_path_factory.mktemp("reasoning")
+    overrides = {"ModelConfig": {"reasoningParser": "qwen3", "toolCallParser": "hermes"}}
+    with running_server(folder, overrides=overrides) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(reasoning_server: RunningServer) -> Iterator[OpenAI]:
+    with OpenAI(base_url=f"{reasoning_server.url}/v1", api_key="EMPTY", max_retries=0) as sdk:
+        yield sdk
+
+
+def test_reasoning_is_split_from_content_streamed_and_not(client: OpenAI) -> None:
+    result = client.chat.completions.create(model="tiny", messages=MESSAGES, **FORCED)
+    message = result.choices[0].message
+    reasoning = message.reasoning  # type: ignore[attr-defined]
+    assert reasoning and " " in reasoning and "</think>" not in reasoning
+    assert message.content and message.content.endswith(".")
+    reasoning_parts, content_parts = [], []
+    for chunk in client.chat.completions.create(
+        model="tiny", messages=MESSAGES, stream=True, **FORCED
+    ):
+        for choice in chunk.choices:
+            extra = choice.delta.model_extra or {}
+            reasoning_parts.append(extra.get("reasoning") or "")
+            content_parts.append(choice.delta.content or "")
+    assert "".join(reasoning_parts) == reasoning
+    assert "".join(content_parts) == message.content
+
+
+def test_include_reasoning_false_hides_it(client: OpenAI) -> None:
+    forced = {**FORCED, "extra_body": {**FORCED["extra_body"], "include_reasoning": False}}
+    message = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, **forced
+    ).choices[0].message
+    assert message.reasoning is None  # type: ignore[attr-defined]
+    assert message.content and message.content.endswith(".")
+
+
+def test_reasoning_effort_and_template_kwargs_reach_the_template(client: OpenAI) -> None:
+    """The template writes a system line for `reasoning_effort` and opens a think block for
+    `enable_thinking`: the prompt grows by what each renders."""
+
+    def prompt_tokens(**fields: Any) -> int:
+        result = client.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=1, **fields
+        )
+        assert result.usage is not None
+        return result.usage.prompt_tokens
+
+    plain = prompt_tokens()
+    thinking = prompt_tokens(extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    effort = prompt_tokens(reasoning_effort="low")
+    assert thinking == plain + 1  # "<think>"
+    assert effort > thinking  # "Reasoning: low" and, with it, enable_thinking
+
+
+def test_reasoning_effort_none_means_no_thinking(client: OpenAI) -> None:
+    """qwen3 reads everything as content when thinking is off."""
+    message = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, reasoning_effort="none", max_tokens=6, temperature=0,
+    ).choices[0].message
+    assert message.reasoning is None and message.content  # type: ignore[attr-defined]
+
+
+def test_responses_reasoning_item(client: OpenAI) -> None:
+    response = client.responses.create(
+        model="tiny", input="Why is the sky blue?", max_output_tokens=60, temperature=0,
+        extra_body={"structured_outputs": {"regex": THOUGHT}},
+    )
+    kinds = [item.type for item in response.output]
+    assert kinds == ["reasoning", "message"]
+    assert response.output_text.endswith(".")
+    events = list(
+        client.responses.create(
+            model="tiny", input="Why is the sky blue?", max_output_tokens=60, temperature=0,
+            extra_body={"structured_outputs": {"regex": THOUGHT}}, stream=True,
+        )
+    )
+    thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    final = events[-1].response
+    assert final.output[0].content[0].text == thought  # type: ignore[union-attr]
+    assert final.output_text == response.output_text
+
+
+def test_reasoning_then_a_tool_call(client: OpenAI) -> None:
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}]
+    regex = (
+        r'[a-z]{4,8}</think><tool_call>\{"name": "add", "arguments": \{"a": [1-9]\}\}'
+        r"</tool_call>"
+    )
+    result = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, tools=tools, temperature=0, max_tokens=80,
+        extra_body={"structured_outputs": {"regex": regex}},
+    )
+    message = result.choices[0].message
+    assert message.reasoning  # type: ignore[attr-defined]
+    [call] = message.tool_calls or []
+    assert call.function.name == "add"  # type: ignore[union-attr]
+    assert result.choices[0].finish_reason == "tool_calls"
