@@ -29,6 +29,7 @@ from protocols.openai_v1.translate import (
     stop_strings,
     template_kwargs,
     vllm_structured,
+    with_effort,
 )
 from server.core.engine import OutputParser
 from server.core.errors import GatewayError, InvalidRequest, ModelNotFound, Unsupported
@@ -237,12 +238,8 @@ def _text_format(text: schema.ResponseText | None) -> StructuredOutput | None:
 
 
 def _template_kwargs(body: schema.ResponsesRequest) -> tuple[tuple[str, Any], ...]:
-    kwargs = template_kwargs(body.chat_template_kwargs)
     effort = body.reasoning.effort if body.reasoning is not None else None
-    if effort is None:
-        return kwargs
-    kept = tuple(kv for kv in kwargs if kv[0] not in ("reasoning_effort", "enable_thinking"))
-    return (*kept, ("reasoning_effort", effort), ("enable_thinking", effort != "none"))
+    return with_effort(template_kwargs(body.chat_template_kwargs), effort)
 
 
 # -- tools --

@@ -112,7 +112,9 @@ def chat_request(
         model=body.model or "",
         prompt=prompt,
         sampling=sampling,
-        output=OutputOptions(logprobs=_chat_logprobs(body, bounds)),
+        output=OutputOptions(
+            logprobs=_chat_logprobs(body, bounds), prompt_logprobs=prompt_logprobs(body, bounds)
+        ),
         stream=bool(body.stream),
         protocol="openai",
         priority=body.priority,
@@ -154,7 +156,9 @@ def completion_requests(
     sampling = to_sampling(
         body, _bounded_max_tokens(max(max_tokens, 1), bounds), bounds, defaults
     )
-    output = OutputOptions(logprobs=logprobs, prompt_logprobs=logprobs if body.echo else None)
+    echoed = logprobs if body.echo else None
+    asked = [n for n in (prompt_logprobs(body, bounds), echoed) if n is not None]
+    output = OutputOptions(logprobs=logprobs, prompt_logprobs=max(asked) if asked else None)
     return [
         GenerationRequest(
             request_id=request_id,
@@ -206,11 +210,9 @@ def chat_prompt(
 ) -> ChatPrompt:
     if body.chat_template is not None:
         raise InvalidRequest(UNTRUSTED_TEMPLATE, param="chat_template")
-    kwargs = template_kwargs(body.chat_template_kwargs)
-    effort = getattr(body, "reasoning_effort", None)
-    if effort is not None:  # vLLM hands it to the template, with enable_thinking
-        kwargs = (*_without(kwargs, "reasoning_effort", "enable_thinking"),
-                  ("reasoning_effort", effort), ("enable_thinking", effort != "none"))
+    kwargs = with_effort(
+        template_kwargs(body.chat_template_kwargs), getattr(body, "reasoning_effort", None)
+    )
     return ChatPrompt(
         messages=tuple(chat_message(m, i) for i, m in enumerate(body.messages)),
         add_generation_prompt=body.add_generation_prompt,
@@ -232,10 +234,17 @@ def chat_message(message: schema.ChatMessageIn, index: int) -> ChatMessage:
     )
 
 
-def _without(
-    kwargs: tuple[tuple[str, Any], ...], *names: str
+def with_effort(
+    kwargs: tuple[tuple[str, Any], ...], effort: str | None
 ) -> tuple[tuple[str, Any], ...]:
-    return tuple((key, value) for key, value in kwargs if key not in names)
+    """vLLM hands `reasoning_effort` to the template (over the same template variable), and
+    `enable_thinking` unless the request's template variables set it."""
+    if effort is None:
+        return kwargs
+    given = dict(kwargs)
+    given["reasoning_effort"] = effort
+    given.setdefault("enable_thinking", effort != "none")
+    return tuple(given.items())
 
 
 def _message_text(message: schema.ChatMessageIn, index: int) -> str:
@@ -316,11 +325,14 @@ def to_sampling(
 
 
 def to_structured(body: schema.SamplingFields) -> StructuredOutput | None:
-    """`response_format` (json_object, json_schema) or vLLM's `structured_outputs`."""
+    """`response_format` (json_object, json_schema; TGI's `{"type", "value"}` forms, which its
+    clients send to the same route) or vLLM's `structured_outputs`."""
     if body.structured_outputs:
         return vllm_structured(body.structured_outputs)
     fmt = body.response_format or {}
     kind = fmt.get("type", "text")
+    if "value" in fmt:
+        return _tgi_format(kind, fmt["value"])
     if kind == "text":
         return None
     if kind == "json_object":
@@ -336,6 +348,29 @@ def to_structured(body: schema.SamplingFields) -> StructuredOutput | None:
         return StructuredOutput(json_schema=jsonio.dumps(schema_).decode())
     raise Unsupported(
         f"response_format type {str(kind)[:32]!r} is not supported by this server.",
+        param="response_format",
+    )
+
+
+def _tgi_format(kind: object, value: object) -> StructuredOutput:
+    """TGI's grammar forms: json / json_object (a schema, or its JSON text), regex, and
+    json_schema ({"name"?, "schema"})."""
+    if kind == "json_schema" and isinstance(value, dict):
+        kind, value = "json", value.get("schema")
+    if kind in ("json", "json_object") and isinstance(value, dict):
+        return StructuredOutput(json_schema=jsonio.dumps(value).decode())
+    if kind in ("json", "json_object") and isinstance(value, str):
+        try:
+            parsed = jsonio.loads(value)
+        except jsonio.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict):
+            return StructuredOutput(json_schema=value)
+    if kind == "regex" and isinstance(value, str):
+        return StructuredOutput(regex=value)
+    raise InvalidRequest(
+        "response_format with a `value` must be TGI's grammar: type json, json_object or "
+        "json_schema with a JSON schema object, or regex with a pattern.",
         param="response_format",
     )
 
@@ -417,10 +452,25 @@ def _check_common(body: schema.SamplingFields, bounds: RequestBounds) -> None:
         raise InvalidRequest(f"n must be at most {bounds.max_n}, got {body.n}.", param="n")
     if body.use_beam_search:
         raise Unsupported("Beam search is not supported by this server.", param="use_beam_search")
-    if body.prompt_logprobs is not None:
-        raise Unsupported(
-            "prompt_logprobs are not supported by this server.", param="prompt_logprobs"
+    prompt_logprobs(body, bounds)
+
+
+def prompt_logprobs(body: schema.SamplingFields, bounds: RequestBounds) -> int | None:
+    """vLLM's `prompt_logprobs` (served where the engine can: not on CPU with LoRA)."""
+    asked = body.prompt_logprobs
+    if asked is None:
+        return None
+    if asked < -1:
+        raise InvalidRequest(
+            "`prompt_logprobs` must be a positive value or -1.", param="prompt_logprobs"
         )
+    if asked == -1 or asked > bounds.max_logprobs:
+        raise InvalidRequest(
+            f"Requested prompt logprobs of {asked}, which is greater than max allowed: "
+            f"{bounds.max_logprobs}",
+            param="prompt_logprobs",
+        )
+    return asked
 
 
 def _chat_logprobs(body: schema.ChatCompletionRequest, bounds: RequestBounds) -> int | None:
@@ -576,6 +626,7 @@ class ChatView:
     tools: ToolPlan = field(default_factory=ToolPlan)
     parser: Callable[[], OutputParser | None] = _no_parser
     parsed: bool = False  # the answer goes through a reader (tools or an output parser)
+    prompt_logprobs: bool = False
 
     @classmethod
     def of(
@@ -602,6 +653,7 @@ class ChatView:
             tools=plan,
             parser=parser,
             parsed=parsed or plan.mode != "none",
+            prompt_logprobs=body.prompt_logprobs is not None,
         )
 
     def reader(self) -> ChoiceReader | None:
@@ -633,7 +685,7 @@ def chat_response(result: GenerationResult, view: ChatView) -> JSON:
         "service_tier": None,
         "system_fingerprint": None,
         "usage": usage_dict(result.usage),
-        "prompt_logprobs": None,
+        "prompt_logprobs": prompt_logprobs_json(result.prompt) if view.prompt_logprobs else None,
         "prompt_token_ids": prompt_ids,
         "kv_transfer_params": None,
     }
@@ -858,6 +910,7 @@ class CompletionView:
     echo_texts: tuple[str | None, ...] = ()
     usage: StreamUsage = field(default_factory=StreamUsage)
     return_token_ids: bool = False
+    prompt_logprobs: bool = False
     token_texts: TokenTexts = field(default=lambda ids: ["" for _ in ids])
 
     @classmethod
@@ -878,6 +931,7 @@ class CompletionView:
             echo_texts=tuple(_prompt_text(p, token_texts) for p in prompts),
             usage=StreamUsage.of(body),
             return_token_ids=bool(body.return_token_ids),
+            prompt_logprobs=body.prompt_logprobs is not None,
             token_texts=token_texts,
         )
 
@@ -901,6 +955,9 @@ class _Echo:
 
     def start(self, started: Started) -> None:
         self._started[started.prompt_index] = started
+
+    def started(self, choice: int) -> Started | None:
+        return self._started.get(choice // self._view.n)
 
     def text(self, choice: int) -> str:
         k = choice // self._view.n
@@ -1005,10 +1062,35 @@ def _completion_choice(choice: Choice, view: CompletionView, echo: _Echo) -> JSO
         "logprobs": completion_logprobs(rows, offset)[0] if view.logprobs is not None else None,
         "finish_reason": choice.finish_reason.value,
         "stop_reason": choice.matched_stop,
-        "prompt_logprobs": None,
+        "prompt_logprobs": (
+            prompt_logprobs_json(echo.started(choice.index)) if view.prompt_logprobs else None
+        ),
         "prompt_token_ids": prompt_ids,
         "token_ids": list(choice.token_ids) if view.return_token_ids else None,
     }
+
+
+def prompt_logprobs_json(started: Started | None) -> list[JSON | None] | None:
+    """vLLM's prompt logprobs: per prompt token (the first has none) the token and the best
+    alternatives, each `{token id: {"logprob", "rank", "decoded_token"}}`."""
+    if started is None or not started.prompt_logprobs:
+        return None
+    out: list[JSON | None] = []
+    for entry in started.prompt_logprobs:
+        if entry is None:
+            out.append(None)
+            continue
+        position: JSON = {
+            str(entry.token_id): _ranked(entry.logprob, entry.rank, entry.token)
+        }
+        for alt in entry.top:
+            position.setdefault(str(alt.token_id), _ranked(alt.logprob, alt.rank, alt.token))
+        out.append(position)
+    return out
+
+
+def _ranked(logprob: float, rank: int | None, token: str) -> JSON:
+    return {"logprob": _clamp(logprob), "rank": rank, "decoded_token": token}
 
 
 class CompletionStreamEncoder:

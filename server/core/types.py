@@ -161,6 +161,7 @@ class TopLogprob:
     token_id: int
     token: str
     logprob: float
+    rank: int | None = None  # 1 = the most likely token
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -169,6 +170,7 @@ class TokenLogprob:
     token: str
     logprob: float
     top: tuple[TopLogprob, ...] = ()
+    rank: int | None = None  # 1 = the most likely token
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -124,7 +124,10 @@ class FakeEngine:
         self.running += 1
         clock = _TokenClock()
         try:
-            yield Started(prompt_token_ids=prompt_ids)
+            yield Started(
+                prompt_token_ids=prompt_ids,
+                prompt_logprobs=_prompt_logprobs(words, prompt_ids, request),
+            )
             if not request.stream:
                 await asyncio.sleep(0)  # one turn of the loop per request, as one final output
             completion = 0
@@ -420,6 +423,19 @@ def _choice_deltas(  # noqa: PLR0913 - everything a choice depends on, as the ca
     if own_end:
         deltas.append(Delta(choice=choice, text="", finish=finish, matched_stop=matched))
     return tuple(deltas)
+
+
+def _prompt_logprobs(
+    words: tuple[str, ...], ids: tuple[int, ...], request: GenerationRequest
+) -> tuple[TokenLogprob | None, ...]:
+    """Every prompt word ranked first at -1.0 (the first has none), when asked for."""
+    if request.output.prompt_logprobs is None:
+        return ()
+    rest = (
+        TokenLogprob(token_id=t, token=w, logprob=-1.0, rank=1)
+        for w, t in zip(words[1:], ids[1:], strict=True)
+    )
+    return (None, *rest)
 
 
 @functools.lru_cache(maxsize=256)

@@ -626,14 +626,15 @@ def _token_logprob(token_id: int, position: Mapping[int, Logprob], top_n: int) -
     """vLLM gives the chosen token plus the `top_n` best by rank (which may include it)."""
     ranked = sorted(position.items(), key=lambda item: _rank(item[1]))[:top_n]
     top = tuple(
-        TopLogprob(token_id=tid, token=lp.decoded_token or "", logprob=lp.logprob)
+        TopLogprob(token_id=tid, token=lp.decoded_token or "", logprob=lp.logprob, rank=lp.rank)
         for tid, lp in ranked
     )
     own = position.get(token_id)
     if own is None:
         return TokenLogprob(token_id=token_id, token="", logprob=float("-inf"), top=top)
     return TokenLogprob(
-        token_id=token_id, token=own.decoded_token or "", logprob=own.logprob, top=top
+        token_id=token_id, token=own.decoded_token or "", logprob=own.logprob, top=top,
+        rank=own.rank,
     )
 
 

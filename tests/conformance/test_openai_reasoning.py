@@ -1,5 +1,6 @@
 """Reasoning on the real engine: a gateway configured with vLLM's `qwen3` reasoning parser and
-the `hermes` tool-call parser, driven by the `openai` SDK. The demo model's template opens a
+the `hermes` tool-call parser, without LoRA (so prompt logprobs are served, which vLLM cannot do
+on the CPU with LoRA), driven by the `openai` SDK. The demo model's template opens a
 `<think>` block when `enable_thinking` (or a `reasoning_effort` other than "none") asks for one;
 its random output is forced into think markup with a regex so the parser has work to do."""
 
@@ -26,7 +27,10 @@ FORCED: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def reasoning_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     folder: Path = tmp_path_factory.mktemp("reasoning")
-    overrides = {"ModelConfig": {"reasoningParser": "qwen3", "toolCallParser": "hermes"}}
+    overrides = {
+        "ModelConfig": {"reasoningParser": "qwen3", "toolCallParser": "hermes"},
+        "LoraConfig": {"enabled": False, "adapterDir": None},
+    }
     with running_server(folder, overrides=overrides) as server:
         yield server
 
@@ -126,3 +130,16 @@ def test_reasoning_then_a_tool_call(client: OpenAI) -> None:
     [call] = message.tool_calls or []
     assert call.function.name == "add"  # type: ignore[union-attr]
     assert result.choices[0].finish_reason == "tool_calls"
+
+
+def test_prompt_logprobs_are_served_without_lora(client: OpenAI) -> None:
+    result = client.completions.create(
+        model="tiny", prompt="The sky is blue", max_tokens=2, temperature=0,
+        extra_body={"prompt_logprobs": 2},
+    )
+    rows = result.choices[0].prompt_logprobs  # type: ignore[attr-defined]
+    assert rows[0] is None and len(rows) > 2
+    for row in rows[1:]:
+        assert 1 <= len(row) <= 3  # the prompt token and up to two alternatives
+        for entry in row.values():
+            assert entry["logprob"] <= 0 and entry["rank"] >= 1 and "decoded_token" in entry

@@ -385,3 +385,22 @@ def test_huggingface_hub_chat_completion(live_server: RunningServer) -> None:
     assert "".join(pieces) == whole.choices[0].message.content
     with pytest.raises(Exception, match=r"404|does not exist"):
         hub.chat_completion(MESSAGES, model="not-a-model", max_tokens=2)
+    answer = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+              "required": ["answer"]}
+    shaped = hub.chat_completion(  # the hub sends it as TGI's {"type": "json_object", "value"}
+        MESSAGES, max_tokens=40, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": answer}},
+    )
+    jsonschema.validate(json.loads(shaped.choices[0].message.content or ""), answer)
+
+
+def test_prompt_logprobs_are_refused_where_the_engine_cannot(http: httpx.Client) -> None:
+    """vLLM 0.32 on the CPU dies on prompt logprobs with LoRA enabled (this server has it)."""
+    response = http.post(
+        "/v1/completions",
+        json={"model": "tiny", "prompt": "x", "max_tokens": 2, "prompt_logprobs": 1},
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "prompt_logprobs"
+    fine = http.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
+    assert fine.status_code == 200

@@ -394,3 +394,51 @@ async def test_omitted_sampling_fields_take_the_model_defaults(tmp_path: Any) ->
         await http.post("/v1/completions", json={"prompt": "hi"})
         assert fake.requests[-1].sampling.max_new_tokens == 16  # completions: vLLM's 16
         assert fake.requests[-1].sampling.temperature == 0.6
+
+
+@pytest.mark.parametrize(
+    ("fmt", "field", "value"),
+    [
+        ({"type": "json", "value": {"type": "object"}}, "json_schema", '{"type":"object"}'),
+        ({"type": "json_object", "value": '{"type": "object"}'}, "json_schema",
+         '{"type": "object"}'),
+        ({"type": "json_schema", "value": {"name": "x", "schema": {"type": "object"}}},
+         "json_schema", '{"type":"object"}'),
+        ({"type": "regex", "value": "[a-z]+"}, "regex", "[a-z]+"),
+    ],
+)
+def test_tgi_response_formats_on_chat(fmt: dict[str, Any], field: str, value: str) -> None:
+    from protocols.openai_v1 import translate
+
+    body = schema.ChatCompletionRequest.model_validate(
+        {"messages": MESSAGES, "response_format": fmt}
+    )
+    structured = translate.to_structured(body)
+    assert structured is not None and getattr(structured, field) == value
+
+
+def test_a_bad_tgi_response_format_names_the_field() -> None:
+    from protocols.openai_v1 import translate
+
+    body = schema.ChatCompletionRequest.model_validate(
+        {"messages": MESSAGES, "response_format": {"type": "json", "value": [1]}}
+    )
+    with pytest.raises(InvalidRequest) as caught:
+        translate.to_structured(body)
+    assert caught.value.param == "response_format"
+
+
+@pytest.mark.anyio
+async def test_prompt_logprobs_in_vllm_s_shape(plain: httpx.AsyncClient) -> None:
+    done = await plain.post(
+        "/v1/completions", json={"prompt": "the sky is", "max_tokens": 2, "prompt_logprobs": 1}
+    )
+    rows = done.json()["choices"][0]["prompt_logprobs"]
+    assert rows[0] is None and len(rows) == 3
+    [(token_id, entry)] = rows[1].items()
+    assert token_id.isdigit() and entry == {"logprob": -1.0, "rank": 1, "decoded_token": "sky"}
+    chat_rows = (await chat(plain, prompt_logprobs=0)).json()["prompt_logprobs"]
+    assert chat_rows[0] is None and all(isinstance(row, dict) for row in chat_rows[1:])
+    too_many = await chat(plain, prompt_logprobs=99)
+    assert too_many.status_code == 400
+    assert too_many.json()["error"]["param"] == "prompt_logprobs"
