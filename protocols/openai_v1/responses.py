@@ -205,6 +205,7 @@ def _sampling(body: schema.ResponsesRequest, plan: ToolPlan, facts: ServerFacts)
         seed=body.seed,
         stop=stop_strings(body.stop, facts.bounds),
         structured=plan.structured() if plan.forced else _constraint(body),
+        cut_to_context=True,
     )
 
 

@@ -246,6 +246,7 @@ def cancel_response(store: responses.ResponseStore) -> Endpoint:
     stored synchronous one)."""
 
     async def cancel(request: Request) -> Answer:
+        await request.body()  # an oversized body is refused (413) before any lookup
         store.get(request.path_params["response_id"])
         raise errors.CannotCancel("Cannot cancel a synchronous response.", param="response_id")
 

@@ -321,6 +321,7 @@ def to_sampling(
         bad_words=tuple(body.bad_words),
         truncate_prompt_tokens=body.truncate_prompt_tokens,
         structured=to_structured(body),
+        cut_to_context=True,
     )
 
 

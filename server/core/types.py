@@ -56,6 +56,9 @@ class Sampling:
     bad_words: tuple[str, ...] = ()
     truncate_prompt_tokens: int | None = None
     structured: StructuredOutput | None = None
+    # vLLM's OpenAI server cuts a max_new_tokens the prompt leaves no room for; the other
+    # protocols' servers refuse such a request.
+    cut_to_context: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -309,7 +309,7 @@ class VllmEngine:
     async def _prepare(self, request: GenerationRequest) -> _PreparedPrompt:
         prompt = await self._render(request.prompt)
         prompt = self._truncate(prompt, request.sampling.truncate_prompt_tokens)
-        self._check_prompt_length(len(prompt.token_ids))
+        self._check_prompt_length(len(prompt.token_ids), request.sampling.cut_to_context)
         if prompt.text is None:
             text = await _off_loop(len(prompt.token_ids), self._decode, prompt.token_ids)
             prompt = _PreparedPrompt(prompt.token_ids, text)
@@ -377,7 +377,7 @@ class VllmEngine:
             return prompt
         return _PreparedPrompt(prompt.token_ids[len(prompt.token_ids) - keep :], None)
 
-    def _check_prompt_length(self, prompt_len: int) -> None:
+    def _check_prompt_length(self, prompt_len: int, cut_to_context: bool) -> None:
         max_len = self._info.max_model_len
         if prompt_len == 0:
             raise InvalidRequest("The prompt cannot be empty.", param="prompt")
@@ -387,22 +387,37 @@ class VllmEngine:
                 f"prompt contains {prompt_len} input tokens, which exceeds this limit even "
                 "without any output tokens. Please reduce the length of the input prompt."
             )
-        if prompt_len == max_len:  # vLLM's words: no room is a limit of 0
+        if prompt_len < max_len:
+            return
+        if cut_to_context:  # vLLM's words: no room is a limit of 0
             raise ContextLengthExceeded("max_tokens must be at least 1, got 0.", param="max_tokens")
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {max_len} tokens. However, your prompt "
+            f"contains {prompt_len} input tokens, which leaves no room for any output tokens. "
+            "Please reduce the length of the input prompt."
+        )
 
     def _max_tokens(self, sampling: Sampling, prompt: _PreparedPrompt) -> int:
-        """vLLM's rule: the request's limit, else the model's default, cut to the room the
-        prompt leaves; only a limit beyond the whole context is an error."""
+        """The request's limit, else the model's default, cut to the room the prompt leaves.
+        vLLM's OpenAI server refuses only a limit beyond the whole context; the other
+        protocols refuse any limit the prompt leaves no room for."""
         max_len, prompt_len = self._info.max_model_len, len(prompt.token_ids)
         room = max_len - prompt_len
         wanted = sampling.max_new_tokens
         if wanted is None:
             default = self._info.defaults.max_new_tokens
             return room if default is None else min(room, default)
-        if wanted > max_len:
+        if sampling.cut_to_context and wanted > max_len:
             raise InvalidRequest(
                 f"max_tokens={wanted} cannot be greater than max_model_len={max_len}. Please "
                 "request fewer output tokens.",
+                param="max_tokens",
+            )
+        if not sampling.cut_to_context and wanted > room:
+            raise InvalidRequest(
+                f"'max_tokens' or 'max_completion_tokens' is too large: {wanted}. This model's "
+                f"maximum context length is {max_len} tokens and your request has {prompt_len} "
+                f"input tokens ({wanted} > {max_len} - {prompt_len}).",
                 param="max_tokens",
             )
         return min(wanted, room)

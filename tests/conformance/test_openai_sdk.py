@@ -167,13 +167,24 @@ def test_usage_counts_match_the_tokenizer(client: OpenAI, http: httpx.Client) ->
     assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (chat_count, 12)
 
 
-def test_chat_default_max_tokens_is_the_remaining_context(client: OpenAI) -> None:
+def test_chat_default_max_tokens_is_the_models_default_cut_to_the_context(
+    client: OpenAI, http: httpx.Client
+) -> None:
+    """vLLM's rule: the model's generation_config `max_new_tokens` (64 on the demo model),
+    cut to the room the prompt leaves in the 512-token context."""
     chat = client.chat.completions.create(
         model="tiny", messages=MESSAGES, temperature=0, extra_body={"ignore_eos": True}
     )
-    assert chat.usage is not None
-    assert chat.usage.prompt_tokens + chat.usage.completion_tokens == 512
+    assert chat.usage is not None and chat.usage.completion_tokens == 64
     assert chat.choices[0].finish_reason == "length"
+    long = [{"role": "user", "content": "word " * 470}]
+    count = http.post("/tokenize", json={"messages": long}).json()["count"]
+    assert 512 - 64 < count < 512
+    cut = client.chat.completions.create(
+        model="tiny", messages=long, temperature=0, extra_body={"ignore_eos": True}  # type: ignore[list-item]
+    )
+    assert cut.usage is not None
+    assert (cut.usage.prompt_tokens, cut.usage.completion_tokens) == (count, 512 - count)
     default = client.completions.create(
         model="tiny", prompt=PROMPT, temperature=0, extra_body={"ignore_eos": True}
     )
