@@ -151,6 +151,7 @@ async def _infer(ctx: ProtocolContext, request: Request, workflow: str | None) -
         request_id=request_id_header(request) or current_request_id(),
         models=models,
         bounds=ctx.bounds,
+        defaults=ctx.service.defaults(),
     )
     service = ctx.service
     if plan.stream:

@@ -3,6 +3,8 @@
 - `LmiRequest`: the LMI inference schema of `/invocations` and `/predictions/{m}`
   (`{"inputs", "parameters", "stream", "adapters"}`, djl_python `input_parser`). LMI ignores
   generation parameters it does not know (with a warning); so do we. Known ones are type-checked.
+  Structured output as LMI's vLLM path takes it (`structured_outputs`, `response_format`), plus
+  `json_schema`, the gateway's alias of `structured_outputs.json`.
 - `AdapterForm`: the adapter registration fields, from query parameters (DJL) or a JSON body
   (vLLM's SageMaker `POST /adapters`). Query values are strings; booleans parse like Java's
   `Boolean.parseBoolean` (only "true", any case, is true).
@@ -10,7 +12,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
@@ -48,6 +50,9 @@ class LmiParameters(BaseModel):
     return_full_text: StrictBool | None = None
     n: Count | None = None
     best_of: Count | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM's StructuredOutputsParams
+    response_format: dict[str, Any] | None = None  # OpenAI's json_object / json_schema
+    json_schema: dict[str, Any] | StrictStr | None = None  # gateway alias: structured_outputs.json
 
 
 class LmiRequest(BaseModel):

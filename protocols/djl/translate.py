@@ -5,6 +5,10 @@ Adapter selection for inference (documented precedence, as djl_python reads them
 body `adapters` < query `?adapter=` < `X-Amzn-SageMaker-Custom-Attributes: adapter=<name>` <
 `X-Amzn-SageMaker-Adapter-Identifier`. A single name (from any source, or a string `adapters`)
 applies to every input; a list must have one entry per input; `""` is the base model.
+
+Sampling follows LMI's vLLM mapping; a field the request leaves out takes the model's default
+(its `generation_config.json`) where LMI would leave vLLM's, the greedy rule keeping temperature 0.
+Structured output as LMI's vLLM path: `structured_outputs` with `response_format` applied over it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,13 @@ from typing import Any
 
 from protocols.djl.schema import AdapterForm, LmiParameters, LmiRequest
 from server.core.adapters import AdapterRecord
-from server.core.errors import InvalidRequest
+from server.core.errors import InvalidRequest, Unsupported
+from server.core.sampling import (
+    json_schema_text,
+    omitted_fields,
+    vllm_structured,
+    with_model_defaults,
+)
 from server.core.types import (
     Choice,
     Delta,
@@ -24,7 +34,9 @@ from server.core.types import (
     GenerationResult,
     OutputOptions,
     Sampling,
+    SamplingDefaults,
     Started,
+    StructuredOutput,
     TextPrompt,
     TokenLogprob,
 )
@@ -33,6 +45,10 @@ from server.http.body import parse_model
 from server.http.context import RequestBounds
 
 LMI_DEFAULT_MAX_NEW_TOKENS = 30
+NO_DEFAULTS = SamplingDefaults()
+DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+             "frequency_penalty", "max_new_tokens")
+PARSING_FAILED = "Input parsing failed: "  # LMI's prefix for a request it cannot build
 DJL_LIST_LIMIT = 100
 FORM_FIELDS = frozenset({"name", "src", "preload", "pin"})
 
@@ -261,12 +277,15 @@ def _counts(p: LmiParameters, bounds: RequestBounds) -> tuple[int, int | None, i
     return n, p.best_of, max_new
 
 
-def to_sampling(p: LmiParameters, bounds: RequestBounds) -> Sampling:
+def to_sampling(
+    p: LmiParameters, bounds: RequestBounds, defaults: SamplingDefaults = NO_DEFAULTS
+) -> Sampling:
     """LMI's vLLM mapping: greedy unless `do_sample` is true or a temperature is given without
-    `do_sample`; `max_new_tokens` defaults to 30."""
+    `do_sample`; what the request leaves out takes the model's `defaults`, else LMI's own
+    (`max_new_tokens` 30)."""
     n, best_of, max_new = _counts(p, bounds)
     greedy = p.do_sample is False or (p.do_sample is None and p.temperature is None)
-    return Sampling(
+    sampling = Sampling(
         max_new_tokens=max_new,
         min_new_tokens=p.min_new_tokens or 0,
         temperature=0.0 if greedy else (1.0 if p.temperature is None else p.temperature),
@@ -283,6 +302,64 @@ def to_sampling(p: LmiParameters, bounds: RequestBounds) -> Sampling:
         stop_token_ids=tuple(p.stop_token_ids or ()),
         ignore_eos=bool(p.ignore_eos_token or p.ignore_eos),
         skip_special_tokens=p.skip_special_tokens is not False,
+        structured=to_structured(p),
+    )
+    return with_model_defaults(sampling, defaults, omitted_fields(p, DEFAULTED), greedy=greedy)
+
+
+def to_structured(p: LmiParameters) -> StructuredOutput | None:
+    """`structured_outputs` (vLLM's dict) with `response_format` applied over it as vLLM does
+    (json_object / json_schema replace that kind of constraint; two kinds are refused), or
+    `json_schema` on its own. Errors carry LMI's "Input parsing failed: " prefix."""
+    try:
+        return _structured(p)
+    except InvalidRequest as exc:
+        raise type(exc)(PARSING_FAILED + exc.message, param=exc.param) from None
+
+
+def _structured(p: LmiParameters) -> StructuredOutput | None:
+    spec = p.structured_outputs
+    override = _response_format(p.response_format)
+    if override is not None:
+        spec = {**(spec or {}), **override}
+    if p.json_schema is None:
+        return None if spec is None else vllm_structured(
+            spec, param="parameters.structured_outputs"
+        )
+    if spec is not None:
+        raise InvalidRequest(
+            "json_schema cannot be combined with structured_outputs or response_format: "
+            "give one constraint",
+            param="parameters.json_schema",
+        )
+    return StructuredOutput(json_schema=json_schema_text(p.json_schema, "parameters.json_schema"))
+
+
+def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
+    """OpenAI's `response_format` as the structured-output constraint it stands for."""
+    kind = None if fmt is None else fmt.get("type")
+    if fmt is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if spec is None:
+            raise InvalidRequest(
+                "When response_format type is 'json_schema', the 'json_schema' field must be "
+                "provided.",
+                param="parameters.response_format",
+            )
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise InvalidRequest(
+                "response_format.json_schema.schema must be a JSON object",
+                param="parameters.response_format",
+            )
+        return {"json": schema}
+    raise Unsupported(
+        f"response_format type {str(kind)[:32]!r} is not supported by this server",
+        param="parameters.response_format",
     )
 
 
@@ -300,12 +377,17 @@ class Plan:
 
 
 def to_plan(
-    body: LmiRequest, *, request_id: str, models: Sequence[str], bounds: RequestBounds
+    body: LmiRequest,
+    *,
+    request_id: str,
+    models: Sequence[str],
+    bounds: RequestBounds,
+    defaults: SamplingDefaults = NO_DEFAULTS,
 ) -> Plan:
     """`models[i]` is what input i runs on: "" (base), an adapter or a workflow name."""
     p = body.parameters or LmiParameters()
     texts = input_texts(body, bounds)
-    sampling = to_sampling(p, bounds)
+    sampling = to_sampling(p, bounds, defaults)
     stream = bool(body.stream)
     if stream and (len(texts) > 1 or sampling.n > 1):
         raise InvalidRequest("Streaming supports one input and n = 1 only", param="stream")

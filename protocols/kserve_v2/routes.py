@@ -187,7 +187,7 @@ class KserveApi:
         return Target(
             model=model, request_id=request_id, client_id=client_id or None,
             bounds=self.ctx.bounds, adapters=frozenset(self.service.adapters.names()),
-            vocab_size=self.service.info().vocab_size,
+            vocab_size=self.service.info().vocab_size, defaults=self.service.defaults(),
         )
 
     async def generate_call(

@@ -1,15 +1,27 @@
 """Sampling knobs of the Triton routes → `Sampling`, under both names clients use.
 
 Triton's vLLM backend reads vLLM `SamplingParams` field names (`max_tokens`, `temperature`,
-`top_p`, `top_k`, `ignore_eos`, `stop`, `lora_name`, …) from the `sampling_parameters` JSON tensor
-or from the request parameters; MindIE's Triton routes use TGI-style names (`max_new_tokens`,
-`do_sample`, `repetition_penalty`, `seed`, `details`, …). Both spellings are accepted everywhere.
+`top_p`, `top_k`, `ignore_eos`, `stop`, `structured_outputs`, `lora_name`, …) from the
+`sampling_parameters` JSON tensor or from the request parameters; MindIE's Triton routes use
+TGI-style names (`max_new_tokens`, `do_sample`, `repetition_penalty`, `seed`, `details`, …). Both
+spellings are accepted everywhere.
+
+Every `SamplingParams` field of vLLM 0.32 is a known key: the ones the engine port carries are
+applied; the others (`prompt_logprobs`, `detokenize`, `extra_args`, …) are accepted only at their
+default and refused otherwise, never silently dropped. An unknown key is an error in both places,
+as `SamplingParams(**params)` is in the backend, with the backend's "Error generating stream: "
+prefix and the real cause (the backend itself reports a useless `'NoneType' object has no
+attribute 'lora_name'`), status 400 rather than the backend's 500. Request parameters may also
+carry Triton's own keys (`binary_data_output`, `sequence_id`, `triton_*`, …) and the generate
+extension's input flags (`stream`, `exclude_input_in_output`, `return_*`): those are not knobs.
+
+`structured_outputs` is vLLM's `StructuredOutputsParams` as a JSON string (an object is taken
+too): exactly one of json, regex, choice, grammar, json_object.
 
 `priority` and `batch_size` are accepted and not applied (vLLM's priority scheduling is off).
 Like the vLLM backend, numbers may arrive as strings (`"max_tokens": "32"`): Triton request
-parameters are often strings. The `sampling_parameters` tensor is strict (an unknown key is an
-error, as `SamplingParams(**params)` is in the backend); request parameters are lenient, because
-Triton carries client-level parameters there too (`binary_data_output`, `sequence_id`, …).
+parameters are often strings. Omitted fields take the model's defaults (its
+`generation_config.json`), else the route's own; `do_sample: false` stays greedy.
 """
 
 from __future__ import annotations
@@ -19,8 +31,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from server.core.errors import InvalidRequest
-from server.core.types import Sampling
+from protocols.kserve_v2.models import INPUT_SPECS
+from server.core.errors import InvalidRequest, Unsupported
+from server.core.sampling import vllm_structured, with_model_defaults
+from server.core.types import Sampling, SamplingDefaults, StructuredOutput
+from server.http import jsonio
 from server.http.context import RequestBounds
 
 INT64_MAX = 2**63 - 1
@@ -85,6 +100,38 @@ def _int_list(name: str, raw: object) -> tuple[int, ...]:
     raise InvalidRequest(f"parameter '{name}' must be a list of integers", param=name)
 
 
+def _str_list(name: str, raw: object) -> tuple[str, ...]:
+    if isinstance(raw, list) and all(isinstance(s, str) for s in raw):
+        return tuple(raw)
+    raise InvalidRequest(f"parameter '{name}' must be a list of strings", param=name)
+
+
+def _logit_bias(name: str, raw: object) -> tuple[tuple[int, float], ...]:
+    """{token id: bias}; ids are JSON object keys, so strings of digits."""
+    if not isinstance(raw, dict):
+        raise InvalidRequest(
+            f"parameter '{name}' must be an object of token id to bias", param=name
+        )
+    return tuple((_int(name, key), _float(name, value)) for key, value in raw.items())
+
+
+def _structured(name: str, raw: object) -> StructuredOutput:
+    """vLLM's StructuredOutputsParams, as the JSON string the backend expects (or an object)."""
+    spec = raw
+    if isinstance(raw, str):
+        try:
+            spec = jsonio.loads(raw)
+        except jsonio.JSONDecodeError:
+            spec = None
+    if not isinstance(spec, dict):
+        raise InvalidRequest(
+            f"parameter '{name}' must be a JSON object (as a string) with one of json, regex, "
+            "choice, grammar, json_object",
+            param=name,
+        )
+    return vllm_structured(spec, param=name)
+
+
 Convert = Callable[[str, object], Any]
 
 # wire name → (knob, converter). Knobs named like `Sampling` fields go straight into it.
@@ -106,8 +153,35 @@ KNOBS: dict[str, tuple[str, Convert]] = {
     "priority": ("priority", _int), "timeout": ("timeout", _float),
     "typical_p": ("typical_p", _float), "watermark": ("watermark", to_bool),
     "batch_size": ("batch_size", _int),
+    "logit_bias": ("logit_bias", _logit_bias),
+    "allowed_token_ids": ("allowed_token_ids", _int_list),
+    "bad_words": ("bad_words", _str_list),
+    "structured_outputs": ("structured", _structured),
 }
 _SAMPLING_FIELDS = frozenset(Sampling.__dataclass_fields__)
+
+# The other SamplingParams fields of vLLM 0.32, with their default: accepted only at it, since
+# the engine port does not carry them.
+AT_DEFAULT_ONLY: dict[str, bool | int | None] = {
+    "watermarking": False, "prompt_logprobs": None, "prompt_logprob_token_ids": None,
+    "prompt_logprob_start": None, "logprob_token_ids": None, "flat_logprobs": False,
+    "detokenize": True, "spaces_between_special_tokens": True, "output_kind": None,
+    "stream_interval": None, "skip_clone": False, "output_text_buffer_length": 0,
+    "extra_args": None, "skip_reading_prefix_cache": False, "thinking_token_budget": None,
+    "repetition_detection": None, "routed_experts_prompt_start": 0,
+    "trace_decode_token_ids": None,
+}
+KNOWN = frozenset(KNOBS) | frozenset(AT_DEFAULT_ONLY)
+# Request parameters Triton reads itself (tritonclient's reserved names and prefix) and the
+# generate extension's inputs given as parameters: present, but not sampling knobs.
+TRITON_REQUEST_PARAMETERS = frozenset(
+    {"sequence_id", "sequence_start", "sequence_end", "headers", "binary_data_output"}
+)
+TRITON_PREFIX = "triton_"
+# The model's defaults, under the knob names; `do_sample: false` keeps the neutral warpers.
+DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+             "frequency_penalty", "max_new_tokens")
+NO_DEFAULTS = SamplingDefaults()
 
 # knob → (accepts, what it must be)
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -125,6 +199,8 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "best_of": (lambda v: v >= 1, "at least 1"),
     "logprobs": (lambda v: v >= 0, "non-negative"),
     "stop_token_ids": (lambda v: all(i >= 0 for i in v), "non-negative token ids"),
+    "allowed_token_ids": (lambda v: v and all(i >= 0 for i in v), "non-empty, token ids"),
+    "logit_bias": (lambda v: all(i >= 0 for i, _ in v), "keyed by non-negative token ids"),
     "timeout": (lambda v: 0 < v <= 65535, "in (0, 65535] seconds"),
     "typical_p": (lambda v: v == 1.0, "1.0 (typical sampling is not supported)"),
     "watermark": (lambda v: v is False, "false (watermarking is not supported)"),
@@ -148,22 +224,61 @@ class Knobs:
     details: bool = False
 
 
-def read_knobs(params: Mapping[str, object], *, strict: bool) -> dict[str, Knob]:
-    """Convert known parameters; unknown ones are an error when `strict`, else ignored."""
+def read_knobs(params: Mapping[str, object], *, from_request: bool) -> dict[str, Knob]:
+    """Convert known parameters; anything else is an error, except in request parameters
+    (`from_request`), where Triton's own keys and the input flags are skipped."""
     knobs: dict[str, Knob] = {}
     for wire, raw in params.items():
         spec = KNOBS.get(wire)
-        if spec is None:
-            if strict:
-                raise InvalidRequest(f"unknown sampling parameter '{wire}'", param=wire)
-            continue
-        knob, convert = spec
-        knobs[knob] = Knob(wire, convert(wire, raw))
+        if spec is not None:
+            knob, convert = spec
+            knobs[knob] = Knob(wire, convert(wire, raw))
+        elif wire in AT_DEFAULT_ONLY:
+            _check_at_default(wire, raw)
+        elif not (from_request and _triton_owned(wire)):
+            raise InvalidRequest(
+                f"Error generating stream: Unexpected keyword argument '{wire}' (sampling "
+                "parameters are vLLM SamplingParams fields and lora_name)",
+                param=wire,
+            )
     return knobs
 
 
-def to_knobs(knobs: Mapping[str, Knob], bounds: RequestBounds, default_max_tokens: int) -> Knobs:
-    """Validate the knobs against their ranges and the server's bounds; build `Sampling`."""
+def _triton_owned(name: str) -> bool:
+    return (
+        name in TRITON_REQUEST_PARAMETERS or name in INPUT_SPECS or name.startswith(TRITON_PREFIX)
+    )
+
+
+def _check_at_default(name: str, raw: object) -> None:
+    if not _at_default(name, raw):
+        shown = jsonio.dumps(AT_DEFAULT_ONLY[name]).decode()
+        raise Unsupported(
+            f"sampling parameter '{name}' is not supported by this server (only its default, "
+            f"{shown}, is accepted)",
+            param=name,
+        )
+
+
+def _at_default(name: str, raw: object) -> bool:
+    default = AT_DEFAULT_ONLY[name]
+    if raw is None:
+        return True
+    if isinstance(default, bool):
+        return to_bool(name, raw) == default
+    if isinstance(default, int):
+        return not isinstance(raw, bool | list | dict) and _int(name, raw) == default
+    return False
+
+
+def to_knobs(
+    knobs: Mapping[str, Knob],
+    bounds: RequestBounds,
+    default_max_tokens: int,
+    defaults: SamplingDefaults = NO_DEFAULTS,
+) -> Knobs:
+    """Validate the knobs against their ranges and the server's bounds; build `Sampling`, where
+    what the request leaves out takes the model's `defaults`, else the route's own."""
     for name, knob in knobs.items():
         rule = _RULES.get(name)
         if rule is not None and not rule[0](knob.value):
@@ -173,8 +288,11 @@ def to_knobs(knobs: Mapping[str, Knob], bounds: RequestBounds, default_max_token
             )
     values = {name: knob.value for name, knob in knobs.items() if name in _SAMPLING_FIELDS}
     sampling = replace(Sampling(max_new_tokens=default_max_tokens), **values)
-    if "do_sample" in knobs and not knobs["do_sample"].value:
+    greedy = "do_sample" in knobs and not knobs["do_sample"].value
+    if greedy:
         sampling = replace(sampling, temperature=0.0)  # MindIE/TGI: do_sample=false is greedy
+    omitted = [name for name in DEFAULTED if name not in knobs]
+    sampling = with_model_defaults(sampling, defaults, omitted, greedy=greedy)
     _check_bounds(sampling, knobs, bounds)
     timeout = knobs.get("timeout")
     return Knobs(

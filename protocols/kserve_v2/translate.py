@@ -6,7 +6,9 @@ flattened generate objects, stream events). No I/O here.
 
 Choices (documented where clients see them):
 - text routes default to 16 new tokens (vLLM `SamplingParams`, what the vLLM backend uses); the
-  MindIE token variant defaults to 20 (`max_new_tokens` in MindIE);
+  MindIE token variant defaults to 20 (`max_new_tokens` in MindIE); a model with its own
+  defaults (`generation_config.json`) overrides both and every omitted sampling knob (the
+  backend itself would not read them: one server, one rule);
 - `exclude_input_in_output` defaults to false off-stream: `text_output` is prompt + completion,
   as the vLLM backend answers; streams never repeat the prompt (explicit false is refused there);
 - the path model selects the adapter (one Triton model per adapter); `lora_name` (request
@@ -18,7 +20,7 @@ Choices (documented where clients see them):
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from protocols.kserve_v2 import tensors
@@ -42,6 +44,7 @@ from server.core.types import (
     GenerationResult,
     OutputOptions,
     Prompt,
+    SamplingDefaults,
     Started,
     TextPrompt,
     TokenLogprob,
@@ -67,6 +70,7 @@ class Target:
     bounds: RequestBounds
     adapters: frozenset[str]
     vocab_size: int
+    defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -235,8 +239,9 @@ def text_call(
         if name in EXTRA_FLAGS:
             flags[EXTRA_FLAGS[name]] = True
     knobs = to_knobs(
-        read_knobs(params, strict=False) | read_knobs(_sampling_json(inputs), strict=True),
-        target.bounds, TEXT_MAX_TOKENS,
+        read_knobs(params, from_request=True)
+        | read_knobs(_sampling_json(inputs), from_request=False),
+        target.bounds, TEXT_MAX_TOKENS, target.defaults,
     )
     streaming = _streaming(flags.get("stream"), route)
     if streaming and knobs.sampling.n != 1:
@@ -346,7 +351,8 @@ def token_call(
         k: v for k, v in (wire.inputs[0].parameters or {}).items() if not k.startswith("binary_")
     }
     knobs = to_knobs(
-        read_knobs({**params, **item_params}, strict=False), target.bounds, TOKEN_MAX_NEW_TOKENS
+        read_knobs({**params, **item_params}, from_request=True), target.bounds,
+        TOKEN_MAX_NEW_TOKENS, target.defaults,
     )
     if knobs.sampling.n != 1:
         raise InvalidRequest("parameter 'n' must be 1 for token ids", param="n")

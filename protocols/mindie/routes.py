@@ -97,7 +97,9 @@ def infer(ctx: ProtocolContext) -> Endpoint:
         prompt = translate.infer_prompt(data)
         body = parse_model(InferRequest, data)
         request_id = body.id or request_id_header(request) or current_request_id()
-        plan = translate.infer_request(body, prompt, request_id=request_id)
+        plan = translate.infer_request(
+            body, prompt, request_id=request_id, defaults=service.defaults()
+        )
         if plan.request.stream:
             events = await service.start(plan.request)
             fmt = _InferEvents(plan, started_at, service.token_texts)
@@ -117,7 +119,9 @@ def vllm_generate(ctx: ProtocolContext) -> Endpoint:
         data = await _json_body(ctx, request, "Failed to parse request context to json")
         body = parse_model(VllmGenerateRequest, data)
         request_id = request_id_header(request) or current_request_id()
-        plan = translate.vllm_request(body, request_id=request_id, bounds=ctx.bounds)
+        plan = translate.vllm_request(
+            body, request_id=request_id, bounds=ctx.bounds, defaults=service.defaults()
+        )
         if plan.request.stream:
             events = await service.start(plan.request)
             fmt = _VllmChunks(plan.request.sampling.n)

@@ -5,6 +5,10 @@ Bounds and messages follow MindIE's `infer_param.cpp` and `single_req_*_infer_in
 Accepted but without effect here: `typical_p` (vLLM has no typical sampling) and `priority`
 (validated 1-5; vLLM's default FCFS scheduler refuses per-request priorities). `watermark: true` is
 refused. `seed` is reported only when the client gave one (MindIE draws and reports a random one).
+
+Model defaults (the model's `generation_config.json`): a sampling field or output limit the request
+leaves out takes the model's value instead of MindIE's; a greedy `/infer` request (MindIE's
+`do_sample` rule) keeps temperature 0 but takes the model's repetition penalty and limit.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 
 from protocols.mindie.schema import InferParameters, InferRequest, VllmGenerateRequest
 from server.core.errors import InvalidRequest, Unsupported
+from server.core.sampling import omitted_fields, with_model_defaults
 from server.core.types import (
     Delta,
     FinishReason,
@@ -23,6 +28,7 @@ from server.core.types import (
     GenerationResult,
     Prompt,
     Sampling,
+    SamplingDefaults,
     TextPrompt,
     TokenPrompt,
 )
@@ -39,6 +45,10 @@ MAX_TIMEOUT_S = 65535
 INFER_DEFAULT_MAX_NEW_TOKENS = 20
 VLLM_DEFAULT_MAX_TOKENS = 16  # vLLM's SamplingParams default, which its legacy /generate used
 MAX_N = 128
+NO_DEFAULTS = SamplingDefaults()
+INFER_DEFAULTED = ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens")
+VLLM_DEFAULTED = ("temperature", "top_p", "top_k", "repetition_penalty", "presence_penalty",
+                  "frequency_penalty")
 
 
 def invalid(message: str, param: str | None = None) -> InvalidRequest:
@@ -113,7 +123,10 @@ class InferPlan:
     seed: int | None
 
 
-def infer_request(body: InferRequest, prompt: Prompt, *, request_id: str) -> InferPlan:
+def infer_request(
+    body: InferRequest, prompt: Prompt, *, request_id: str,
+    defaults: SamplingDefaults = NO_DEFAULTS,
+) -> InferPlan:
     p = body.parameters or InferParameters()
     _check_infer_parameters(p)
     sample = bool(
@@ -129,6 +142,9 @@ def infer_request(body: InferRequest, prompt: Prompt, *, request_id: str) -> Inf
         top_k=(p.top_k or 0) if sample else 0,
         seed=p.seed,
         repetition_penalty=p.repetition_penalty or 1.0,
+    )
+    sampling = with_model_defaults(
+        sampling, defaults, omitted_fields(p, INFER_DEFAULTED), greedy=not sample
     )
     request = GenerationRequest(
         request_id=request_id, model="", prompt=prompt, sampling=sampling,
@@ -306,7 +322,8 @@ class VllmPlan:
 
 
 def vllm_request(
-    body: VllmGenerateRequest, *, request_id: str, bounds: RequestBounds
+    body: VllmGenerateRequest, *, request_id: str, bounds: RequestBounds,
+    defaults: SamplingDefaults = NO_DEFAULTS,
 ) -> VllmPlan:
     prompt_text = _vllm_prompt_text(body.prompt)
     _check_sampling(body.temperature, body.top_k, body.top_p, body.repetition_penalty,
@@ -330,6 +347,10 @@ def vllm_request(
         include_stop_str_in_output=bool(body.include_stop_str_in_output),
         skip_special_tokens=body.skip_special_tokens is not False,
     )
+    omitted = omitted_fields(body, VLLM_DEFAULTED)
+    if body.max_tokens is None:
+        omitted.append("max_new_tokens")
+    sampling = with_model_defaults(sampling, defaults, omitted)
     request = GenerationRequest(
         request_id=request_id, model=body.model or "", prompt=TextPrompt(_full_prompt(body.prompt)),
         sampling=sampling, stream=bool(body.stream), protocol="mindie",

@@ -54,7 +54,7 @@ def _prepare(
     """Validate and plan; the prompt is tokenized and fitted after admission (`fit`)."""
     started_at = time.perf_counter()
     limits = _limits(ctx)
-    plan = translate.plan(body, limits, stream=stream)
+    plan = translate.plan(body, limits, stream=stream, defaults=ctx.service.defaults())
     _check_adapter(ctx, plan.adapter)
     request_id = request_id_header(request) or current_request_id()
     gen = translate.to_generation_request(plan, request_id=request_id)

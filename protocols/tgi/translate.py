@@ -3,21 +3,30 @@ events → TGI's JSON shapes (`/generate` object, `POST /` list, `/generate_stre
 `/tokenize`, `/info`).
 
 Validation follows TGI's router (`validation.rs`): same order, same bounds, same messages, so a
-client sees what TGI would say. Two deliberate differences: an unknown `adapter_id` is an error
-(TGI silently uses the base model, issue #2505), and `watermark`/`grammar` are refused (422) since
-the engine cannot honour them. `typical_p` is validated and then ignored: vLLM has no typical
-sampling, and refusing it would break clients that always send it.
+client sees what TGI would say; `grammar` gets the router's checks too (draft 2020-12
+meta-validation, `properties` required). Two deliberate differences: an unknown `adapter_id` is an
+error (TGI silently uses the base model, issue #2505), and `watermark` is refused (422) since the
+engine cannot honour it. `typical_p` is validated and then ignored: vLLM has no typical sampling,
+and refusing it would break clients that always send it.
+
+Model defaults (the model's `generation_config.json`): a field the request leaves out takes the
+model's value instead of TGI's neutral one; a greedy request keeps temperature 0, and an omitted
+`max_new_tokens` is the model's limit within the room the prompt leaves.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from jsonschema import Draft202012Validator, SchemaError
+
 from protocols.tgi.schema import GenerateRequest, Parameters
 from server.core.errors import InvalidRequest, Unsupported
+from server.core.sampling import omitted_fields, with_model_defaults
 from server.core.service import PromptFit
 from server.core.types import (
     Choice,
@@ -28,6 +37,7 @@ from server.core.types import (
     GenerationResult,
     OutputOptions,
     Sampling,
+    SamplingDefaults,
     Started,
     StructuredOutput,
     TextPrompt,
@@ -42,6 +52,8 @@ from server.http.streaming import token_pieces
 TGI_MAX_BEST_OF = 2
 TGI_MAX_STOP_SEQUENCES = 4
 TGI_MAX_TOP_N_TOKENS = 5
+NO_DEFAULTS = SamplingDefaults()
+DEFAULTED = ("temperature", "top_p", "top_k", "repetition_penalty", "frequency_penalty")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +87,7 @@ class Plan:
     sampling: Sampling
     output: OutputOptions
     max_new_tokens: int | None
+    default_max_new_tokens: int | None  # the model's, for a request without max_new_tokens
     truncate: int | None
     details: bool
     prefill: bool  # decoder_input_details
@@ -89,8 +102,15 @@ def invalid(message: str, field: str | None = None) -> InvalidRequest:
     return InvalidRequest(message, param=f"parameters.{field}" if field else "inputs")
 
 
-def plan(body: GenerateRequest, limits: Limits, *, stream: bool) -> Plan:
-    """Validate the parameters (TGI's checks that need no tokenizer) and decide the sampling."""
+def plan(
+    body: GenerateRequest,
+    limits: Limits,
+    *,
+    stream: bool,
+    defaults: SamplingDefaults = NO_DEFAULTS,
+) -> Plan:
+    """Validate the parameters (TGI's checks that need no tokenizer) and decide the sampling;
+    what the request leaves out takes the model's `defaults`."""
     p = body.parameters if body.parameters is not None else Parameters(do_sample=True)
     best_of = 1 if p.best_of is None else p.best_of
     sampling = _sampling_wanted(p)
@@ -105,12 +125,16 @@ def plan(body: GenerateRequest, limits: Limits, *, stream: bool) -> Plan:
     return Plan(
         inputs=body.inputs,
         adapter=p.adapter_id or "",
-        sampling=_to_sampling(p, sampling, best_of),
+        sampling=with_model_defaults(
+            _to_sampling(p, sampling, best_of), defaults, omitted_fields(p, DEFAULTED),
+            greedy=not sampling,
+        ),
         output=OutputOptions(
             logprobs=top_n if wants_logprobs else None,
             prompt_logprobs=0 if p.decoder_input_details else None,
         ),
         max_new_tokens=p.max_new_tokens,
+        default_max_new_tokens=defaults.max_new_tokens,
         truncate=p.truncate,
         details=details,
         prefill=bool(p.decoder_input_details),
@@ -223,25 +247,47 @@ def _to_sampling(p: Parameters, sampling: bool, best_of: int) -> Sampling:
 
 
 def to_structured(grammar: dict[str, Any] | None) -> StructuredOutput | None:
-    """TGI `grammar`: {"type": "json"|"json_object", "value": schema}, {"type": "regex",
-    "value": pattern} or {"type": "json_schema", "value": {"name"?, "schema": {...}}}."""
+    """TGI `grammar`: {"type": "json"|"json_object", "value": schema or its JSON text},
+    {"type": "regex", "value": pattern} or {"type": "json_schema", "value": {"name"?, "schema"}}.
+    JSON schemas pass the router's checks (`validation.rs`), with its messages."""
     if grammar is None:
         return None
     kind, value = grammar.get("type"), grammar.get("value")
-    if kind == "json_schema" and isinstance(value, dict):
-        value = value.get("schema")
-        kind = "json"
-    if kind in ("json", "json_object") and isinstance(value, dict | str):
-        return StructuredOutput(
-            json_schema=value if isinstance(value, str) else jsonio.dumps(value).decode()
-        )
     if kind == "regex" and isinstance(value, str):
         return StructuredOutput(regex=value)
+    if kind in ("json", "json_object") and "value" in grammar:
+        return StructuredOutput(json_schema=_checked_schema(_grammar_json(value)))
+    if kind == "json_schema" and isinstance(value, dict) and "schema" in value:
+        return StructuredOutput(json_schema=_checked_schema(value["schema"]))
     raise invalid(
         "`grammar` must be {type: json|json_object|regex|json_schema, value: ...} with a JSON "
         "schema or a regex",
         "grammar",
     )
+
+
+def _grammar_json(value: Any) -> Any:
+    """A `json` grammar's value: an object, or a string that is re-parsed (TGI's router)."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            raise invalid(f"grammar is not valid: {exc}", "grammar") from None
+    raise invalid("grammar is not supported", "grammar")
+
+
+def _checked_schema(schema: Any) -> str:
+    """Draft 2020-12 meta-validation, then `properties` required, as TGI's router does (vLLM
+    itself would take a schema without `properties`)."""
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise invalid(f"grammar is not valid: {exc.message}", "grammar") from None
+    if not isinstance(schema, dict) or "properties" not in schema:
+        raise invalid("grammar is not valid: Grammar must have a 'properties' field", "grammar")
+    return jsonio.dumps(schema).decode()
 
 
 def to_generation_request(plan: Plan, *, request_id: str) -> GenerationRequest:
@@ -267,7 +313,9 @@ def fit_prompt(plan: Plan, limits: Limits) -> PromptFit:
         input_length = len(ids)
         max_new = plan.max_new_tokens
         if max_new is None:
-            max_new = max(limits.max_total_tokens - input_length, 0)
+            room = max(limits.max_total_tokens - input_length, 0)
+            default = plan.default_max_new_tokens
+            max_new = room if default is None else min(room, default)
         if input_length + max_new > limits.max_total_tokens:
             raise invalid(
                 f"`inputs` tokens + `max_new_tokens` must be <= {limits.max_total_tokens}. "

@@ -70,3 +70,20 @@ def unit_demo() -> Path:
     for index in range(4, 13):
         write_adapter(root / "test-adapters" / f"a{index}")
     return root
+
+
+# The demo model's sampling defaults (server/dev/demo_model.py writes the same values).
+DEMO_GENERATION_CONFIG = {
+    "do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 40,
+    "repetition_penalty": 1.05, "max_new_tokens": 64, "eos_token_id": 2,
+}
+
+
+def model_with_defaults(generation_config: dict[str, Any] | None = None) -> Path:
+    """A model folder like `unit_demo()`'s plus a `generation_config.json` (the model's
+    sampling defaults, read by the fake engine as vLLM reads them)."""
+    folder = Path(tempfile.mkdtemp(prefix="unit-defaults-"))
+    (folder / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    config = DEMO_GENERATION_CONFIG if generation_config is None else generation_config
+    (folder / "generation_config.json").write_text(json.dumps(config))
+    return folder

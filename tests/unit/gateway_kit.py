@@ -24,16 +24,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_gateway(
-    script: FakeScript | None = None, *, ready: bool = True, overrides: dict[str, Any] | None = None
+    script: FakeScript | None = None,
+    *,
+    ready: bool = True,
+    overrides: dict[str, Any] | None = None,
+    model_path: Path | None = None,
 ) -> Gateway:
+    """`model_path`: a model folder of the fake engine's (e.g. one with generation_config.json)."""
+    model = model_path or unit_demo() / "model"
     config: dict[str, Any] = {
         "engine": "fake",
-        "ModelConfig": {"modelName": "tiny", "modelWeightPath": str(unit_demo() / "model")},
+        "ModelConfig": {"modelName": "tiny", "modelWeightPath": str(model)},
         "LoraConfig": {"adapterDir": None},
         "LimitsConfig": {"maxConcurrentRequests": 4, "maxQueue": 2, "drainTimeout": 5},
     }
     settings = settings_from_config(merge(config, overrides or {}), base_dir=ROOT)
-    gateway = build_gateway(settings, FakeEngine(script, model_name="tiny"))
+    engine = FakeEngine(script, model_name="tiny", model_path=str(model) if model_path else None)
+    gateway = build_gateway(settings, engine)
     if ready:
         gateway.lifecycle.ready()
     return gateway

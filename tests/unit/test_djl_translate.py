@@ -20,13 +20,17 @@ from server.core.errors import (
     LoraDisabled,
     ModelNotFound,
     Overloaded,
+    Unsupported,
 )
 from server.core.types import (
     Choice,
     Delta,
     FinishReason,
     GenerationResult,
+    Sampling,
+    SamplingDefaults,
     Started,
+    StructuredOutput,
     TokenLogprob,
     Usage,
 )
@@ -210,6 +214,139 @@ def test_streaming_a_list_of_inputs_is_refused() -> None:
             lmi({"inputs": ["x", "y"], "stream": True}), request_id="r", models=["", ""],
             bounds=BOUNDS,
         )
+
+
+# ---- model defaults ------------------------------------------------------------------------------
+
+DEFAULTS = SamplingDefaults(
+    temperature=0.7, top_p=0.9, top_k=40, min_p=0.1, repetition_penalty=1.05,
+    presence_penalty=0.5, frequency_penalty=0.2, max_new_tokens=64,
+)
+
+
+def defaulted(**params: Any) -> Sampling:
+    return translate.to_sampling(LmiParameters(**params), BOUNDS, DEFAULTS)
+
+
+def test_a_sampled_request_takes_every_model_default_it_leaves_out() -> None:
+    s = defaulted(do_sample=True)
+    assert (s.temperature, s.top_p, s.top_k, s.min_p) == (0.7, 0.9, 40, 0.1)
+    assert (s.repetition_penalty, s.presence_penalty, s.frequency_penalty) == (1.05, 0.5, 0.2)
+    assert s.max_new_tokens is None  # the model's 64, applied by the engine within the room
+
+
+def test_lmi_greedy_stays_greedy_with_the_model_penalties_and_limit() -> None:
+    for params in ({}, {"do_sample": False, "temperature": 0.9}):
+        s = defaulted(**params)
+        assert (s.temperature, s.top_p, s.top_k, s.min_p) == (0.0, 1.0, 0, 0.0)
+        assert (s.repetition_penalty, s.presence_penalty, s.frequency_penalty) == (
+            1.05, 0.5, 0.2
+        )
+        assert s.max_new_tokens is None
+
+
+def test_values_given_win_over_the_model_defaults() -> None:
+    s = defaulted(temperature=0.3, top_p=0.5, top_k=-1, min_p=0.0, repetition_penalty=1.0,
+                  presence_penalty=0.0, frequency_penalty=0.0, max_new_tokens=9)
+    assert (s.temperature, s.top_p, s.top_k, s.min_p, s.max_new_tokens) == (0.3, 0.5, -1, 0.0, 9)
+    assert (s.repetition_penalty, s.presence_penalty, s.frequency_penalty) == (1.0, 0.0, 0.0)
+
+
+# ---- structured output ---------------------------------------------------------------------------
+
+SCHEMA = {"type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"]}
+SCHEMA_TEXT = '{"type":"object","properties":{"a":{"enum":["x","y"]}},"required":["a"]}'
+
+
+def structured(**params: Any) -> StructuredOutput | None:
+    return translate.to_sampling(LmiParameters(**params), BOUNDS).structured
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({}, None),
+        ({"structured_outputs": {"json": SCHEMA}}, StructuredOutput(json_schema=SCHEMA_TEXT)),
+        ({"structured_outputs": {"regex": "[0-9]{3}"}}, StructuredOutput(regex="[0-9]{3}")),
+        ({"structured_outputs": {"choice": ["up", "down"]}},
+         StructuredOutput(choice=("up", "down"))),
+        ({"structured_outputs": {"json_object": True}}, StructuredOutput(json_object=True)),
+        ({"response_format": {"type": "json_object"}}, StructuredOutput(json_object=True)),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "s",
+                                                                      "schema": SCHEMA}}},
+         StructuredOutput(json_schema=SCHEMA_TEXT)),
+        ({"response_format": {"type": "text"}, "structured_outputs": {"regex": "a"}},
+         StructuredOutput(regex="a")),
+        # vLLM: response_format replaces the same kind of constraint
+        ({"structured_outputs": {"json": {"type": "string"}},
+          "response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}},
+         StructuredOutput(json_schema=SCHEMA_TEXT)),
+        ({"json_schema": SCHEMA}, StructuredOutput(json_schema=SCHEMA_TEXT)),
+        ({"json_schema": json.dumps(SCHEMA)}, StructuredOutput(json_schema=SCHEMA_TEXT)),
+    ],
+)
+def test_lmi_structured_output_parameters(
+    params: dict[str, Any], expected: StructuredOutput | None
+) -> None:
+    assert structured(**params) == expected
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}},
+         "Input parsing failed: You can only use one kind of structured outputs constraint but "
+         "multiple are specified: {'regex': 'a', 'choice': ['b']}"),
+        ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
+         "Input parsing failed: You can only use one kind of structured outputs constraint but "
+         "multiple are specified: {'regex': 'a', 'json_object': True}"),
+        ({"structured_outputs": {}},
+         "Input parsing failed: You must use one kind of structured outputs constraint but "
+         "none are specified: {}"),
+        ({"json_schema": SCHEMA, "structured_outputs": {"regex": "a"}},
+         "Input parsing failed: json_schema cannot be combined with structured_outputs or "
+         "response_format: give one constraint"),
+        ({"json_schema": SCHEMA, "response_format": {"type": "json_object"}},
+         "Input parsing failed: json_schema cannot be combined with structured_outputs or "
+         "response_format: give one constraint"),
+        ({"response_format": {"type": "json_schema"}},
+         "Input parsing failed: When response_format type is 'json_schema', the 'json_schema' "
+         "field must be provided."),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+         "Input parsing failed: response_format.json_schema.schema must be a JSON object"),
+        ({"json_schema": "{not json"},
+         "Input parsing failed: parameters.json_schema is not valid JSON: Expecting property"),
+        ({"structured_outputs": {"choice": "up"}},
+         "Input parsing failed: parameters.structured_outputs.choice must be a non-empty list"),
+        ({"structured_outputs": {"guided_json": SCHEMA}},
+         "Input parsing failed: parameters.structured_outputs has unknown keys ['guided_json']"),
+    ],
+)
+def test_bad_or_conflicting_constraints_are_lmi_parsing_failures(
+    params: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        structured(**params)
+    assert caught.value.message.startswith(message)
+    assert errors.inference_error(caught.value) == (
+        424, {"error": caught.value.message, "code": 424}
+    )
+
+
+def test_constraints_the_server_cannot_apply_are_unsupported() -> None:
+    for params in ({"response_format": {"type": "structural_tag"}},
+                   {"structured_outputs": {"structural_tag": "{}"}}):
+        with pytest.raises(Unsupported, match=r"^Input parsing failed: .*not supported"):
+            structured(**params)
+
+
+def test_structured_output_fields_are_type_checked() -> None:
+    from server.http.body import parse_model
+
+    for params in ({"structured_outputs": "json"}, {"response_format": ["json_object"]},
+                   {"json_schema": 3}):
+        with pytest.raises(InvalidRequest):
+            parse_model(LmiRequest, {"inputs": "x", "parameters": params})
 
 
 # ---- responses ----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import gzip
 import json
 import struct
 import zlib
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from protocols.kserve_v2 import errors, tensors
 from protocols.kserve_v2.models import ModelRef, model_config, model_metadata, resolve_model
-from protocols.kserve_v2.sampling import read_knobs, to_knobs
+from protocols.kserve_v2.sampling import KNOWN, read_knobs, to_knobs
 from protocols.kserve_v2.schema import InferRequest
 from protocols.kserve_v2.stats import InferenceStats
 from protocols.kserve_v2.tensors import DATATYPES, Tensor
@@ -53,7 +54,9 @@ from server.core.types import (
     Done,
     FinishReason,
     GenerationResult,
+    SamplingDefaults,
     Started,
+    StructuredOutput,
     TextPrompt,
     TokenLogprob,
     TokenPrompt,
@@ -252,18 +255,158 @@ def test_inflate_gzip_and_deflate_with_a_size_limit() -> None:
 
 # ---- sampling knobs ------------------------------------------------------------------------------
 def test_vllm_and_mindie_names_map_to_the_same_knobs() -> None:
-    vllm = to_knobs(read_knobs({"max_tokens": "7", "temperature": 0, "top_k": 5,
-                                "ignore_eos": "true", "stop": "x"}, strict=True), BOUNDS, 16)
-    mindie = to_knobs(read_knobs({"max_new_tokens": 7, "do_sample": False, "top_k": 5,
-                                  "ignore_eos": True, "stop": ["x"]}, strict=False), BOUNDS, 16)
+    vllm_names = {"max_tokens": "7", "temperature": 0, "top_k": 5, "ignore_eos": "true",
+                  "stop": "x"}
+    mindie_names = {"max_new_tokens": 7, "do_sample": False, "top_k": 5, "ignore_eos": True,
+                    "stop": ["x"]}
+    vllm = to_knobs(read_knobs(vllm_names, from_request=False), BOUNDS, 16)
+    mindie = to_knobs(read_knobs(mindie_names, from_request=True), BOUNDS, 16)
     assert vllm.sampling == mindie.sampling
     assert vllm.sampling.max_new_tokens == 7 and vllm.sampling.temperature == 0.0
 
 
-def test_unknown_knobs_are_errors_only_when_strict() -> None:
-    assert read_knobs({"sequence_id": 3, "binary_data_output": True}, strict=False) == {}
-    with pytest.raises(InvalidRequest, match="unknown sampling parameter 'bogus'"):
-        read_knobs({"bogus": 1}, strict=True)
+def test_unknown_knobs_are_errors_in_the_tensor_and_in_request_parameters() -> None:
+    for from_request in (False, True):
+        with pytest.raises(InvalidRequest) as caught:
+            read_knobs({"bogus": 1}, from_request=from_request)
+        assert caught.value.message == (
+            "Error generating stream: Unexpected keyword argument 'bogus' (sampling parameters "
+            "are vLLM SamplingParams fields and lora_name)"
+        )
+        assert errors.render(caught.value).status_code == 400
+
+
+def test_request_parameters_may_carry_tritons_own_keys_and_input_flags() -> None:
+    owned = {"sequence_id": 3, "sequence_start": True, "binary_data_output": True,
+             "headers": "x", "triton_enable_empty_final_response": True, "stream": False,
+             "exclude_input_in_output": True, "return_finish_reason": True}
+    assert read_knobs(owned, from_request=True) == {}
+    with pytest.raises(InvalidRequest, match="Unexpected keyword argument 'sequence_id'"):
+        read_knobs({"sequence_id": 3}, from_request=False)
+
+
+# vLLM 0.32's SamplingParams fields (spec §4); the integration tier checks the installed vLLM.
+VLLM_032_FIELDS = frozenset({
+    "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
+    "watermarking", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
+    "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "prompt_logprob_token_ids",
+    "prompt_logprob_start", "logprob_token_ids", "flat_logprobs", "detokenize",
+    "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
+    "output_kind", "stream_interval", "skip_clone", "output_text_buffer_length",
+    "structured_outputs", "logit_bias", "allowed_token_ids", "extra_args", "bad_words",
+    "skip_reading_prefix_cache", "thinking_token_budget", "repetition_detection",
+    "routed_experts_prompt_start", "trace_decode_token_ids",
+})
+
+
+def test_every_sampling_params_field_and_lora_name_is_known() -> None:
+    assert VLLM_032_FIELDS | {"lora_name"} <= KNOWN
+
+
+def test_fields_the_engine_cannot_carry_are_accepted_only_at_their_default() -> None:
+    at_default = {"prompt_logprobs": None, "detokenize": True, "flat_logprobs": "false",
+                  "skip_clone": False, "output_text_buffer_length": 0,
+                  "routed_experts_prompt_start": "0", "extra_args": None}
+    assert read_knobs(at_default, from_request=False) == {}
+    for name, value in (("prompt_logprobs", 2), ("detokenize", False), ("extra_args", {"a": 1}),
+                        ("watermarking", True), ("output_text_buffer_length", 3),
+                        ("thinking_token_budget", 10)):
+        with pytest.raises(Unsupported) as caught:
+            read_knobs({name: value}, from_request=False)
+        assert caught.value.message.startswith(
+            f"sampling parameter '{name}' is not supported by this server (only its default"
+        )
+
+
+def test_token_lists_words_and_logit_bias_reach_the_sampling() -> None:
+    knobs = to_knobs(read_knobs({"allowed_token_ids": [3, 4], "bad_words": ["x y"],
+                                 "logit_bias": {"5": -2.5, "7": 1}}, from_request=False),
+                     BOUNDS, 16)
+    s = knobs.sampling
+    assert s.allowed_token_ids == (3, 4) and s.bad_words == ("x y",)
+    assert s.logit_bias == ((5, -2.5), (7, 1.0))
+    for params, message in (({"allowed_token_ids": []}, "non-empty"),
+                            ({"logit_bias": {"x": 1}}, "must be an integer"),
+                            ({"logit_bias": [1]}, "object of token id to bias"),
+                            ({"bad_words": "x"}, "list of strings")):
+        with pytest.raises(InvalidRequest, match=message):
+            to_knobs(read_knobs(params, from_request=False), BOUNDS, 16)
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (json.dumps({"json": SCHEMA}),
+         StructuredOutput(json_schema=json.dumps(SCHEMA, separators=(",", ":")))),
+        ('{"regex": "[0-9]{2}"}', StructuredOutput(regex="[0-9]{2}")),
+        ('{"choice": ["Positive", "Negative"]}',
+         StructuredOutput(choice=("Positive", "Negative"))),
+        (json.dumps({"grammar": 'root ::= "a"'}), StructuredOutput(grammar='root ::= "a"')),
+        ('{"json_object": true}', StructuredOutput(json_object=True)),
+        ({"regex": "b+"}, StructuredOutput(regex="b+")),
+    ],
+)
+def test_structured_outputs_is_vllms_params_as_a_json_string(
+    value: object, expected: StructuredOutput
+) -> None:
+    knobs = to_knobs(read_knobs({"structured_outputs": value}, from_request=False), BOUNDS, 16)
+    assert knobs.sampling.structured == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("{nope", r"parameter 'structured_outputs' must be a JSON object \(as a string\)"),
+        ('["regex"]', r"parameter 'structured_outputs' must be a JSON object \(as a string\)"),
+        ('{"regex": "a", "choice": ["b"]}', "You can only use one kind of structured outputs"),
+        ("{}", "You must use one kind of structured outputs constraint but none"),
+        ('{"choice": "b"}', "structured_outputs.choice must be a non-empty list of strings"),
+        ('{"guided_json": {}}', r"structured_outputs has unknown keys \['guided_json'\]"),
+    ],
+)
+def test_bad_structured_outputs_are_400s(value: str, message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message) as caught:
+        read_knobs({"structured_outputs": value}, from_request=False)
+    assert errors.render(caught.value).status_code == 400
+
+
+DEFAULTS = SamplingDefaults(
+    temperature=0.7, top_p=0.9, top_k=40, min_p=0.1, repetition_penalty=1.05,
+    presence_penalty=0.5, frequency_penalty=0.2, max_new_tokens=64,
+)
+
+
+def test_omitted_knobs_take_the_model_defaults() -> None:
+    s = to_knobs(read_knobs({}, from_request=False), BOUNDS, 16, DEFAULTS).sampling
+    assert (s.temperature, s.top_p, s.top_k, s.min_p) == (0.7, 0.9, 40, 0.1)
+    assert (s.repetition_penalty, s.presence_penalty, s.frequency_penalty) == (1.05, 0.5, 0.2)
+    assert s.max_new_tokens is None  # the model's 64 within the room, applied by the engine
+    s = to_knobs(read_knobs({}, from_request=False), BOUNDS, 16).sampling
+    assert (s.temperature, s.top_k, s.max_new_tokens) == (1.0, 0, 16)  # no model defaults
+
+
+def test_given_knobs_win_and_do_sample_false_stays_greedy() -> None:
+    given = {"temperature": 0.2, "max_tokens": 5, "top_k": -1, "frequency_penalty": 0}
+    s = to_knobs(read_knobs(given, from_request=False), BOUNDS, 16, DEFAULTS).sampling
+    assert (s.temperature, s.max_new_tokens, s.top_k, s.frequency_penalty) == (0.2, 5, -1, 0.0)
+    assert s.top_p == 0.9
+    s = to_knobs(read_knobs({"do_sample": False}, from_request=True), BOUNDS, 20,
+                 DEFAULTS).sampling
+    assert (s.temperature, s.top_p, s.top_k) == (0.0, 1.0, 0)
+    assert s.repetition_penalty == 1.05 and s.max_new_tokens is None
+
+
+def test_the_target_carries_the_model_defaults_to_both_infer_variants() -> None:
+    text = text_call(prompt_inputs(), {}, replace(target(), defaults=DEFAULTS), route="infer")
+    assert text.request.sampling.temperature == 0.7
+    wire = InferRequest.model_validate({"inputs": [{"name": "input0", "shape": [2],
+                                                    "datatype": "UINT32", "data": [5, 6]}]})
+    call = infer_call(wire, decode_inputs(wire.inputs, None, "tiny"),
+                      replace(target(), defaults=DEFAULTS))
+    assert call.request.sampling.top_k == 40 and call.request.sampling.max_new_tokens is None
 
 
 @pytest.mark.parametrize(
@@ -284,12 +427,12 @@ def test_unknown_knobs_are_errors_only_when_strict() -> None:
 )
 def test_knob_bounds(params: dict[str, object], message: str) -> None:
     with pytest.raises(InvalidRequest, match=message):
-        to_knobs(read_knobs(params, strict=False), BOUNDS, 16)
+        to_knobs(read_knobs(params, from_request=True), BOUNDS, 16)
 
 
 def test_server_bound_on_new_tokens_applies() -> None:
     with pytest.raises(InvalidRequest, match="at most 10"):
-        to_knobs(read_knobs({"max_tokens": 11}, strict=True),
+        to_knobs(read_knobs({"max_tokens": 11}, from_request=False),
                  RequestBounds(max_new_tokens=10), 16)
 
 
@@ -369,7 +512,7 @@ def test_sampling_parameters_tensor_wins_and_is_strict() -> None:
     with pytest.raises(InvalidRequest, match="JSON object"):
         text_call(inputs, {}, target(), route="infer")
     inputs["sampling_parameters"] = tensor("sampling_parameters", "BYTES", '{"nope": 1}')
-    with pytest.raises(InvalidRequest, match="unknown sampling parameter 'nope'"):
+    with pytest.raises(InvalidRequest, match="Unexpected keyword argument 'nope'"):
         text_call(inputs, {}, target(), route="infer")
 
 

@@ -24,6 +24,7 @@ from server.core.types import (
     Delta,
     FinishReason,
     GenerationResult,
+    SamplingDefaults,
     Started,
     TextPrompt,
     TokenPrompt,
@@ -32,10 +33,19 @@ from server.core.types import (
 from server.http import jsonio
 from server.http.context import RequestBounds
 
+DEFAULTS = SamplingDefaults(
+    temperature=0.7, top_p=0.9, top_k=40, min_p=0.1, repetition_penalty=1.05,
+    presence_penalty=0.5, frequency_penalty=0.2, max_new_tokens=64,
+)
 
-def infer_plan(stream: bool = False, **parameters: Any) -> translate.InferPlan:
+
+def infer_plan(
+    stream: bool = False, defaults: SamplingDefaults | None = None, **parameters: Any
+) -> translate.InferPlan:
     body = InferRequest.model_validate({"stream": stream, "parameters": parameters})
-    return translate.infer_request(body, TextPrompt("hi"), request_id="r1")
+    return translate.infer_request(
+        body, TextPrompt("hi"), request_id="r1", defaults=defaults or SamplingDefaults()
+    )
 
 
 def infer_rejection(**parameters: Any) -> InvalidRequest:
@@ -126,6 +136,31 @@ def test_sampling_knobs_turn_sampling_on_unless_do_sample_is_false() -> None:
     assert infer_plan(do_sample=True).request.sampling.temperature == 1.0
 
 
+def test_infer_takes_the_model_defaults_for_what_it_leaves_out() -> None:
+    s = infer_plan(defaults=DEFAULTS, do_sample=True).request.sampling
+    assert (s.temperature, s.top_p, s.top_k, s.repetition_penalty) == (0.7, 0.9, 40, 1.05)
+    assert s.max_new_tokens is None  # the model's limit, applied by the engine in the room
+    # MindIE's /infer has no min_p or presence/frequency penalties: the model's are not applied
+    assert (s.min_p, s.presence_penalty, s.frequency_penalty) == (0.0, 0.0, 0.0)
+    s = infer_plan(defaults=DEFAULTS, top_k=5).request.sampling
+    assert (s.temperature, s.top_p, s.top_k) == (0.7, 0.9, 5)
+
+
+def test_infer_greedy_stays_greedy_with_the_model_penalty_and_limit() -> None:
+    for parameters in ({}, {"do_sample": False, "temperature": 0.5}):
+        s = infer_plan(defaults=DEFAULTS, **parameters).request.sampling
+        assert (s.temperature, s.top_p, s.top_k) == (0.0, 1.0, 0)
+        assert s.repetition_penalty == 1.05 and s.max_new_tokens is None
+
+
+def test_infer_values_given_win_over_the_model_defaults() -> None:
+    s = infer_plan(defaults=DEFAULTS, temperature=0.2, top_p=0.5, top_k=3,
+                   repetition_penalty=1.3, max_new_tokens=7).request.sampling
+    assert (s.temperature, s.top_p, s.top_k, s.repetition_penalty, s.max_new_tokens) == (
+        0.2, 0.5, 3, 1.3, 7
+    )
+
+
 def test_timeout_becomes_the_request_deadline() -> None:
     assert infer_plan(timeout=30).request.timeout_s == 30
 
@@ -209,11 +244,12 @@ def test_infer_stream_end_without_a_token_repeats_the_last_id() -> None:
 # ---- /generate, vLLM flavour ---------------------------------------------------------------------
 
 
-def vllm_plan(**body: Any) -> translate.VllmPlan:
+def vllm_plan(defaults: SamplingDefaults | None = None, **body: Any) -> translate.VllmPlan:
     return translate.vllm_request(
         VllmGenerateRequest.model_validate({"prompt": "Hello", **body}),
         request_id="r",
         bounds=RequestBounds(),
+        defaults=defaults or SamplingDefaults(),
     )
 
 
@@ -233,6 +269,17 @@ def test_vllm_flavour_reads_sampling_fields_at_the_top_level() -> None:
 
 def test_vllm_flavour_defaults_to_sixteen_tokens() -> None:
     assert vllm_plan().request.sampling.max_new_tokens == 16
+
+
+def test_vllm_flavour_takes_the_model_defaults_for_what_it_leaves_out() -> None:
+    s = vllm_plan(DEFAULTS).request.sampling
+    assert (s.temperature, s.top_p, s.top_k, s.repetition_penalty) == (0.7, 0.9, 40, 1.05)
+    assert (s.presence_penalty, s.frequency_penalty, s.min_p) == (0.5, 0.2, 0.0)
+    assert s.max_new_tokens is None
+    given = {"temperature": 0, "top_k": -1, "max_tokens": 3, "frequency_penalty": 0.0}
+    s = vllm_plan(DEFAULTS, **given).request.sampling
+    assert (s.temperature, s.top_k, s.max_new_tokens, s.frequency_penalty) == (0, 0, 3, 0.0)
+    assert s.top_p == 0.9  # an explicit temperature 0 is greedy anyway; omitted fields default
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from server.core.types import (
     FinishReason,
     GenerationRequest,
     GenerationResult,
+    SamplingDefaults,
     Started,
     StructuredOutput,
     TextPrompt,
@@ -104,17 +105,21 @@ def test_watermark_is_reported_unsupported() -> None:
         plan_of(watermark=True)
 
 
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}}}
+PERSON_TEXT = '{"type":"object","properties":{"name":{"type":"string"}}}'
+
+
 @pytest.mark.parametrize(
     ("grammar", "expected"),
     [
         ({"type": "regex", "value": "[0-9]+"}, StructuredOutput(regex="[0-9]+")),
+        ({"type": "json", "value": PERSON}, StructuredOutput(json_schema=PERSON_TEXT)),
+        ({"type": "json_object", "value": PERSON}, StructuredOutput(json_schema=PERSON_TEXT)),
+        ({"type": "json", "value": jsonio.dumps(PERSON).decode()},
+         StructuredOutput(json_schema=PERSON_TEXT)),
         (
-            {"type": "json", "value": {"type": "object"}},
-            StructuredOutput(json_schema='{"type":"object"}'),
-        ),
-        (
-            {"type": "json_schema", "value": {"name": "x", "schema": {"type": "integer"}}},
-            StructuredOutput(json_schema='{"type":"integer"}'),
+            {"type": "json_schema", "value": {"name": "x", "schema": PERSON, "strict": True}},
+            StructuredOutput(json_schema=PERSON_TEXT),
         ),
     ],
 )
@@ -124,10 +129,59 @@ def test_grammar_becomes_structured_output(
     assert plan_of(grammar=grammar).sampling.structured == expected
 
 
-@pytest.mark.parametrize("grammar", [{"type": "ebnf", "value": "x"}, {"type": "regex", "value": 3}])
-def test_bad_grammar_is_a_validation_error(grammar: dict[str, Any]) -> None:
-    with pytest.raises(InvalidRequest, match="grammar"):
-        plan_of(grammar=grammar)
+@pytest.mark.parametrize(
+    "grammar",
+    [
+        {"type": "ebnf", "value": "x"},
+        {"type": "regex", "value": 3},
+        {"type": "json"},
+        {"type": "json_schema", "value": {"name": "x"}},
+        {"type": "json_schema", "value": "{}"},
+    ],
+)
+def test_a_grammar_of_another_shape_is_a_validation_error(grammar: dict[str, Any]) -> None:
+    assert rejection(grammar=grammar).message.startswith("`grammar` must be {type: json|")
+
+
+@pytest.mark.parametrize("value", [[PERSON], 3, True, None])
+def test_a_json_grammar_that_is_neither_object_nor_string_is_not_supported(value: Any) -> None:
+    error = rejection(grammar={"type": "json", "value": value})
+    assert error.message == "grammar is not supported"
+    assert error.param == "parameters.grammar"
+
+
+@pytest.mark.parametrize(
+    ("grammar", "message"),
+    [
+        ({"type": "json", "value": {"type": "object"}},
+         "grammar is not valid: Grammar must have a 'properties' field"),
+        ({"type": "json_schema", "value": {"schema": {"type": "integer"}}},
+         "grammar is not valid: Grammar must have a 'properties' field"),
+        ({"type": "json", "value": {"type": "frog", "properties": {}}},
+         "grammar is not valid: 'frog' is not valid under any of the given schemas"),
+        ({"type": "json", "value": {"properties": {"a": {"minLength": -1}}}},
+         "grammar is not valid: -1 is less than the minimum of 0"),
+        ({"type": "json_schema", "value": {"schema": "text"}},
+         "grammar is not valid: 'text' is not of type 'object', 'boolean'"),
+        ({"type": "json", "value": "[1]"},
+         "grammar is not valid: [1] is not of type 'object', 'boolean'"),
+    ],
+)
+def test_invalid_json_schemas_get_tgi_messages(grammar: dict[str, Any], message: str) -> None:
+    assert rejection(grammar=grammar).message == message
+
+
+def test_a_json_grammar_string_that_is_not_json_is_not_valid() -> None:
+    message = rejection(grammar={"type": "json", "value": "{nope"}).message
+    assert message.startswith("grammar is not valid: Expecting property name")
+
+
+def test_grammar_errors_render_as_tgi_validation_errors() -> None:
+    status, body = errors.classify(rejection(grammar={"type": "json", "value": 3}))
+    assert status == 422
+    assert body == {
+        "error": "Input validation error: grammar is not supported", "error_type": "validation"
+    }
 
 
 def test_watermark_false_is_accepted() -> None:
@@ -160,6 +214,51 @@ def test_explicit_neutral_temperature_stays_greedy() -> None:
 def test_a_warper_turns_sampling_on() -> None:
     sampling = plan_of(temperature=0.5, top_k=10, top_p=0.9).sampling
     assert (sampling.temperature, sampling.top_k, sampling.top_p) == (0.5, 10, 0.9)
+
+
+DEFAULTS = SamplingDefaults(
+    temperature=0.7, top_p=0.9, top_k=40, min_p=0.1, repetition_penalty=1.05,
+    presence_penalty=0.5, frequency_penalty=0.2, max_new_tokens=64,
+)
+
+
+def planned(stream: bool = False, **parameters: Any) -> translate.Plan:
+    return translate.plan(body(**parameters), LIMITS, stream=stream, defaults=DEFAULTS)
+
+
+def test_a_sampled_request_takes_the_model_defaults_for_what_it_leaves_out() -> None:
+    sampling = planned(do_sample=True).sampling
+    assert (sampling.temperature, sampling.top_p, sampling.top_k) == (0.7, 0.9, 40)
+    assert (sampling.repetition_penalty, sampling.frequency_penalty) == (1.05, 0.2)
+    # TGI has no min_p or presence_penalty: the model's values are not applied
+    assert (sampling.min_p, sampling.presence_penalty) == (0.0, 0.0)
+    default = translate.plan(GenerateRequest(inputs="Hi"), LIMITS, stream=False,
+                             defaults=DEFAULTS)
+    assert default.sampling.temperature == 0.7  # no parameters: TGI samples
+
+
+def test_what_the_request_gives_wins_over_the_model_defaults() -> None:
+    sampling = planned(temperature=0.3, top_p=0.5, top_k=3, repetition_penalty=1.2,
+                       frequency_penalty=0.0).sampling
+    assert (sampling.temperature, sampling.top_p, sampling.top_k) == (0.3, 0.5, 3)
+    assert (sampling.repetition_penalty, sampling.frequency_penalty) == (1.2, 0.0)
+
+
+def test_a_greedy_request_stays_greedy_but_takes_the_default_penalties() -> None:
+    for parameters in ({"do_sample": False}, {"max_new_tokens": 5}):
+        sampling = planned(**parameters).sampling
+        assert (sampling.temperature, sampling.top_p, sampling.top_k) == (0.0, 1.0, 0)
+        assert (sampling.repetition_penalty, sampling.frequency_penalty) == (1.05, 0.2)
+
+
+def test_max_new_tokens_defaults_to_the_models_limit_within_the_room() -> None:
+    def fitted_max(plan: translate.Plan, prompt_tokens: int) -> int | None:
+        return fitted(plan, [5] * prompt_tokens).sampling.max_new_tokens
+
+    assert fitted_max(planned(), 3) == 64
+    assert fitted_max(planned(), 500) == 12  # 512 - 500: a default never makes it too long
+    assert fitted_max(planned(max_new_tokens=100), 3) == 100
+    assert fitted_max(plan_of(), 3) == 509  # no model default: the rest of the context
 
 
 def test_stop_sequences_stay_in_the_text_like_tgi() -> None:
