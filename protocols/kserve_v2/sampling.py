@@ -16,7 +16,8 @@ carry Triton's own keys (`binary_data_output`, `sequence_id`, `triton_*`, …) a
 extension's input flags (`stream`, `exclude_input_in_output`, `return_*`): those are not knobs.
 
 `structured_outputs` is vLLM's `StructuredOutputsParams` as a JSON string (an object is taken
-too): exactly one of json, regex, choice, grammar, json_object.
+too): exactly one of json, regex, choice, grammar, json_object. `guided_decoding`, its older
+name, is read the same way (a `backend` of xgrammar or auto is dropped, as the backend does).
 
 `priority` and `batch_size` are accepted and not applied (vLLM's priority scheduling is off).
 Like the vLLM backend, numbers may arrive as strings (`"max_tokens": "32"`): Triton request
@@ -132,6 +133,31 @@ def _structured(name: str, raw: object) -> StructuredOutput:
     return vllm_structured(spec, param=name)
 
 
+# The request-level backends the vLLM backend still accepts in `guided_decoding` (and drops).
+GUIDED_BACKENDS = frozenset({"xgrammar", "xgrammar:no-fallback", "auto", "xgrammar:_auto"})
+
+
+def _guided(name: str, raw: object) -> StructuredOutput:
+    """The backend's older name for `structured_outputs`, as an object or a JSON string; a
+    `backend` key is dropped if it names xgrammar or auto, else refused (as the backend)."""
+    spec = raw
+    if isinstance(raw, str):
+        try:
+            spec = jsonio.loads(raw)
+        except jsonio.JSONDecodeError:
+            spec = None
+    if isinstance(spec, dict) and "backend" in spec:
+        backend = spec["backend"]
+        if backend not in GUIDED_BACKENDS:
+            raise InvalidRequest(
+                "guided_decoding.backend is no longer supported request-level. Provided: "
+                f"{_show(backend)}",
+                param=name,
+            )
+        spec = {key: value for key, value in spec.items() if key != "backend"}
+    return _structured(name, spec if isinstance(spec, dict) else raw)
+
+
 Convert = Callable[[str, object], Any]
 
 # wire name → (knob, converter). Knobs named like `Sampling` fields go straight into it.
@@ -157,6 +183,7 @@ KNOBS: dict[str, tuple[str, Convert]] = {
     "allowed_token_ids": ("allowed_token_ids", _int_list),
     "bad_words": ("bad_words", _str_list),
     "structured_outputs": ("structured", _structured),
+    "guided_decoding": ("guided", _guided),
 }
 _SAMPLING_FIELDS = frozenset(Sampling.__dataclass_fields__)
 
@@ -241,6 +268,9 @@ def read_knobs(params: Mapping[str, object], *, from_request: bool) -> dict[str,
                 "parameters are vLLM SamplingParams fields and lora_name)",
                 param=wire,
             )
+    guided = knobs.pop("guided", None)
+    if guided is not None:  # structured_outputs wins when both are given, as in the backend
+        knobs.setdefault("structured", guided)
     return knobs
 
 

@@ -107,11 +107,23 @@ def test_vllm_validation_error_is_invalid_request_before_any_event(harness: Harn
 
 
 def test_max_new_tokens_is_cut_to_the_room_the_prompt_leaves(harness: Harness) -> None:
-    """vLLM 0.32 clamps; only a limit beyond the whole context is refused."""
+    """vLLM 0.32's OpenAI server cuts; only a limit beyond the whole context is refused."""
     with pytest.raises(InvalidRequest, match="cannot be greater than max_model_len"):
-        harness.events(request(TokenPrompt((5,) * 10), max_new_tokens=MAX_MODEL_LEN + 1))
-    events = harness.events(request(TokenPrompt((5,) * 100), max_new_tokens=29, ignore_eos=True))
+        harness.events(
+            request(TokenPrompt((5,) * 10), max_new_tokens=MAX_MODEL_LEN + 1, cut_to_context=True)
+        )
+    events = harness.events(
+        request(TokenPrompt((5,) * 100), max_new_tokens=29, ignore_eos=True, cut_to_context=True)
+    )
     assert len(generated_ids(events)) == MAX_MODEL_LEN - 100
+
+
+def test_a_limit_the_prompt_leaves_no_room_for_is_refused_unless_cut(harness: Harness) -> None:
+    """The other protocols' servers refuse what vLLM's OpenAI server would cut."""
+    with pytest.raises(InvalidRequest, match="maximum context length is 128 tokens"):
+        harness.events(request(TokenPrompt((5,) * 100), max_new_tokens=29))
+    with pytest.raises(InvalidRequest, match="leaves no room for any output tokens"):
+        harness.events(request(TokenPrompt((5,) * MAX_MODEL_LEN)))
 
 
 @pytest.mark.parametrize(

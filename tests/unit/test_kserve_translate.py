@@ -373,6 +373,27 @@ def test_bad_structured_outputs_are_400s(value: str, message: str) -> None:
     assert errors.render(caught.value).status_code == 400
 
 
+
+@pytest.mark.parametrize(
+    "value",
+    [{"regex": "b+"}, '{"regex": "b+"}', {"regex": "b+", "backend": "xgrammar"},
+     '{"regex": "b+", "backend": "auto"}'],
+)
+def test_guided_decoding_is_the_older_name_of_structured_outputs(value: object) -> None:
+    knobs = to_knobs(read_knobs({"guided_decoding": value}, from_request=False), BOUNDS, 16)
+    assert knobs.sampling.structured == StructuredOutput(regex="b+")
+
+
+def test_structured_outputs_wins_over_guided_decoding() -> None:
+    both = {"guided_decoding": {"regex": "a"}, "structured_outputs": '{"regex": "b"}'}
+    knobs = to_knobs(read_knobs(both, from_request=False), BOUNDS, 16)
+    assert knobs.sampling.structured == StructuredOutput(regex="b")
+
+
+def test_a_guided_decoding_backend_other_than_xgrammar_is_a_400() -> None:
+    with pytest.raises(InvalidRequest, match="guided_decoding.backend is no longer supported"):
+        read_knobs({"guided_decoding": {"regex": "a", "backend": "outlines"}}, from_request=False)
+
 DEFAULTS = SamplingDefaults(
     temperature=0.7, top_p=0.9, top_k=40, min_p=0.1, repetition_penalty=1.05,
     presence_penalty=0.5, frequency_penalty=0.2, max_new_tokens=64,
