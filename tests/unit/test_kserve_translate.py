@@ -391,7 +391,7 @@ def test_structured_outputs_wins_over_guided_decoding() -> None:
 
 
 def test_a_guided_decoding_backend_other_than_xgrammar_is_a_400() -> None:
-    with pytest.raises(InvalidRequest, match="guided_decoding.backend is no longer supported"):
+    with pytest.raises(InvalidRequest, match=r"guided_decoding\.backend is no longer supported"):
         read_knobs({"guided_decoding": {"regex": "a", "backend": "outlines"}}, from_request=False)
 
 DEFAULTS = SamplingDefaults(
