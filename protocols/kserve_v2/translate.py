@@ -11,6 +11,8 @@ Choices (documented where clients see them):
   backend itself would not read them: one server, one rule);
 - `exclude_input_in_output` defaults to false off-stream: `text_output` is prompt + completion,
   as the vLLM backend answers; streams never repeat the prompt (explicit false is refused there);
+- `generate_stream` streams only with a `stream: true` input, as the vLLM backend: without it
+  the answer is one event (prompt + completion unless `exclude_input_in_output`);
 - the path model selects the adapter (one Triton model per adapter); `lora_name` (request
   parameters or the `sampling_parameters` JSON) selects one when the path names the base model;
 - requesting an extra output (e.g. `finish_reason`) implies its `return_*` input;
@@ -294,7 +296,9 @@ def _sampling_json(inputs: Mapping[str, Tensor]) -> dict[str, Any]:
 
 def _streaming(stream: bool | None, route: Route) -> bool:
     if route == "generate_stream":
-        return stream is not False  # `stream: false` there answers with one event, as Triton
+        # The vLLM backend streams only when asked: without a `stream` input (or with false)
+        # it answers once, the prompt prepended unless excluded; Triton sends that as one event.
+        return stream is True
     if stream and route == "generate":
         raise InvalidRequest(
             "generate expects model to produce exactly 1 response, use generate stream for model "

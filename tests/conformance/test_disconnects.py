@@ -55,7 +55,8 @@ REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
     (
         "triton-stream",
         "/v2/models/tiny/generate_stream",
-        {"text_input": "a", "parameters": {"max_tokens": LONG, "ignore_eos": True}},
+        {"text_input": "a", "stream": True,
+         "parameters": {"max_tokens": LONG, "ignore_eos": True}},
     ),
     ("mindie", "/generate", {"prompt": "a", "max_tokens": LONG, "ignore_eos": True}),
     (

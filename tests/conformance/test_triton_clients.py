@@ -273,7 +273,7 @@ def test_generate_stream_frames_deltas_like_triton(http: httpx.Client) -> None:
         "text_input": PROMPT, "exclude_input_in_output": True, "parameters": greedy(12),
     }).json()["text_output"]
     r = http.post("/v2/models/tiny/generate_stream", json={
-        "id": "s-1", "text_input": PROMPT, "parameters": greedy(12),
+        "id": "s-1", "text_input": PROMPT, "stream": True, "parameters": greedy(12),
         "return_finish_reason": True,
     })
     assert r.status_code == 200
@@ -296,7 +296,7 @@ def test_generate_stream_errors_before_start_are_json(http: httpx.Client) -> Non
 
 # ---- cancellation: stopInfer and disconnects -----------------------------------------------------
 def test_stop_infer_ends_a_long_stream_and_nothing_stays_in_flight(http: httpx.Client) -> None:
-    body = {"id": "long-stop-1", "text_input": PROMPT,
+    body = {"id": "long-stop-1", "text_input": PROMPT, "stream": True,
             "parameters": {"max_tokens": 400, "ignore_eos": True, "temperature": 0}}
     events: list[dict[str, Any]] = []
     with http.stream("POST", "/v2/models/tiny/generate_stream", json=body) as r:
@@ -322,7 +322,8 @@ def test_client_disconnect_aborts_a_stream(
     http: httpx.Client, client: triton.InferenceServerClient, server: RunningServer
 ) -> None:
     _, failed = success_and_fail(client, "a2")
-    body = {"text_input": PROMPT, "parameters": {"max_tokens": 400, "ignore_eos": True}}
+    body = {"text_input": PROMPT, "stream": True,
+            "parameters": {"max_tokens": 400, "ignore_eos": True}}
     with httpx.Client(base_url=server.url, timeout=60) as own, own.stream(
         "POST", "/v2/models/a2/generate_stream", json=body
     ) as r:
@@ -371,7 +372,8 @@ BAD_POSTS: list[tuple[str, Any, dict[str, str], int, str]] = [
     ("/v2/models/tiny/generate_stream", b"", {}, 400, "empty"),
     ("/v2/models/tiny/generate_stream", {"text_input": "x", "stream": 1}, {}, 400,
      "non-boolean as boolean"),
-    ("/v2/models/tiny/generate_stream", {"text_input": "x", "exclude_input_in_output": False},
+    ("/v2/models/tiny/generate_stream",
+     {"text_input": "x", "stream": True, "exclude_input_in_output": False},
      {}, 400, "exclude_input_in_output"),
     ("/v2/models/tiny/versions/7/generate_stream", {"text_input": "x"}, {}, 404, "version 7"),
     ("/v2/models/tiny/stopInfer", b"not json", {}, 400, "not valid JSON"),

@@ -125,6 +125,7 @@ async def triton_generate_stream(http: httpx.AsyncClient, out: Outcome, tokens: 
         "/v2/models/tiny/generate_stream",
         {
             "text_input": PROMPT,
+            "stream": True,
             "parameters": {"max_tokens": tokens, "ignore_eos": True},
         },
     )

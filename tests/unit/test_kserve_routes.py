@@ -370,7 +370,7 @@ async def test_bad_generate_bodies(app: App, body: object, status: int, message:
 
 async def test_generate_stream_frames_deltas_and_marks_the_last(app: App) -> None:
     r = await app.client.post("/v2/models/tiny/generate_stream", json={
-        "id": "s1", "text_input": "m n", "parameters": {"max_tokens": 3},
+        "id": "s1", "text_input": "m n", "stream": True, "parameters": {"max_tokens": 3},
         "return_finish_reason": True,
     })
     assert r.status_code == 200
@@ -401,7 +401,7 @@ async def test_stream_error_after_start_is_an_in_band_event() -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=starlette),
                                  base_url="http://t") as client:
         r = await client.post("/v2/models/tiny/generate_stream",
-                              json={"text_input": "a b", "max_tokens": 5})
+                              json={"text_input": "a b", "stream": True, "max_tokens": 5})
     assert r.status_code == 200
     last = json.loads(r.text.split("\n\n")[-2][len("data: "):])
     assert last == {"error": "scripted failure"}
@@ -414,7 +414,8 @@ async def test_stop_infer_cancels_a_running_stream() -> None:
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         async def stream() -> str:
             r = await client.post("/v2/models/tiny/generate_stream",
-                                  json={"id": "long-1", "text_input": "a b", "max_tokens": 400})
+                                  json={"id": "long-1", "text_input": "a b", "stream": True,
+                                        "max_tokens": 400})
             return r.text
 
         running = asyncio.ensure_future(stream())

@@ -491,15 +491,25 @@ def test_text_call_defaults_follow_the_vllm_backend() -> None:
 
 
 def test_streams_never_prepend_and_refuse_explicit_false() -> None:
-    call = text_call(prompt_inputs("p"), {}, target(), route="generate_stream")
+    call = text_call(prompt_inputs("p", stream=True), {}, target(), route="generate_stream")
     assert call.stream and call.prefix == ""
-    assert not text_call(prompt_inputs("p", stream=False), {}, target(),
-                         route="generate_stream").stream
     with pytest.raises(InvalidRequest, match="exclude_input_in_output"):
-        text_call(prompt_inputs("p", exclude_input_in_output=False), {}, target(),
+        text_call(prompt_inputs("p", stream=True, exclude_input_in_output=False), {}, target(),
                   route="generate_stream")
     with pytest.raises(InvalidRequest, match="'n' must be 1"):
-        text_call(prompt_inputs("p"), {"n": 2}, target(), route="generate_stream")
+        text_call(prompt_inputs("p", stream=True), {"n": 2}, target(), route="generate_stream")
+
+
+@pytest.mark.parametrize("flags", [{}, {"stream": False}])
+def test_generate_stream_without_stream_true_answers_once_with_the_prompt(
+    flags: dict[str, bool],
+) -> None:
+    """The vLLM backend reads a missing `stream` input as false: one response, prompt first."""
+    call = text_call(prompt_inputs("p", **flags), {}, target(), route="generate_stream")
+    assert not call.stream and call.prefix == "p"
+    excluded = text_call(prompt_inputs("p", **flags, exclude_input_in_output=True), {}, target(),
+                         route="generate_stream")
+    assert excluded.prefix == ""
 
 
 def test_flags_come_from_parameters_when_no_tensor_is_given() -> None:

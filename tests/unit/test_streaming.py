@@ -46,7 +46,7 @@ STREAMS = [
     Stream("tgi-compat", "/", {"inputs": "a b c", "stream": True,
                                "parameters": {"max_new_tokens": 8}}, b'data: {"error":"'),
     Stream("triton", "/v2/models/tiny/generate_stream",
-           {"text_input": "a b c", "max_tokens": 8}, b'data: {"error":'),
+           {"text_input": "a b c", "stream": True, "max_tokens": 8}, b'data: {"error":'),
     Stream("mindie-infer", "/infer",
            {"inputs": "a b c", "stream": True, "parameters": {"max_new_tokens": 8}},
            b'data: {"error":"'),
