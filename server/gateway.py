@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import protocols
 from server import __version__
 from server.control import openapi
 from server.control import routes as control
+from server.control.grpc_health import health_service
 from server.core import workflows
 from server.core.adapter_files import AdapterRules, BaseModelShape
 from server.core.adapters import AdapterLimits, AdapterRegistry
@@ -35,6 +37,7 @@ from server.http.auth import Keyring
 from server.http.context import ProtocolContext, RequestBounds
 from server.http.router import Router
 from server.http.routes import DATA, LISTENERS, MANAGEMENT, Access, Route
+from server.http.rpc import AccessInterceptor, GrpcService
 from server.observability import metrics as metrics_routes
 from server.observability.logs import RequestLog
 from server.observability.metrics import GatewayMetrics, LiveState
@@ -53,6 +56,7 @@ class Gateway:
     service: InferenceService
     metrics: GatewayMetrics
     routes: tuple[Route, ...]  # every route of every listener
+    grpc_services: tuple[GrpcService, ...]  # the gRPC listener's services, health last
     registries: tuple[CollectorRegistry, ...]  # /metrics: the engine's (vllm:) first, then ours
 
     def app(self, roles: tuple[str, ...]) -> ListenerApp:
@@ -68,6 +72,17 @@ class Gateway:
             keyring=Keyring(security.api_keys, security.admin_keys),
             observer=self.metrics,
             closing=lambda: lifecycle.state is not State.READY,
+        )
+
+    def grpc_interceptor(
+        self, peer_allowed: Callable[[bytes], bool] | None = None
+    ) -> AccessInterceptor:
+        """Bearer keys, revoked client certificates and metrics for every gRPC call (health
+        probes need no key)."""
+        security = self.settings.security
+        return AccessInterceptor(
+            Keyring(security.api_keys, security.admin_keys), self.grpc_services, self.metrics,
+            peer_allowed,
         )
 
 
@@ -119,8 +134,17 @@ def build_gateway(
         service=service,
         metrics=metrics,
         routes=routes,
+        grpc_services=_grpc_services(settings, service),
         registries=registries,
     )
+
+
+def _grpc_services(settings: Settings, service: InferenceService) -> tuple[GrpcService, ...]:
+    """Every protocol's gRPC services, then grpc.health.v1 answering for them."""
+    context = protocol_context(settings, service)
+    built = [s for spec in protocols.REGISTRY if spec.grpc for s in spec.grpc(context)]
+    served = frozenset(s.name for s in built)
+    return (*built, health_service(service.lifecycle, served))
 
 
 def _routes(

@@ -59,6 +59,11 @@ class RunningServer:
         return f"{scheme}://127.0.0.1:{self.management_port}"
 
     @property
+    def grpc_address(self) -> str:
+        """host:port of the gRPC listener (plaintext unless the test's config says otherwise)."""
+        return f"127.0.0.1:{self.config['ServerConfig']['grpcPort']}"
+
+    @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}"
 
@@ -86,8 +91,10 @@ def base_config(engine: str = "vllm") -> dict[str, Any]:
             "port": data,
             "managementPort": management,
             "metricsPort": metrics,
+            "grpcPort": free_port(),
             "httpsEnabled": False,
             "managementHttpsEnabled": True,
+            "grpcHttpsEnabled": False,
             "tlsCaPath": str(CERTS),
             "tlsCaFile": ["ca.pem"],
             "tlsCert": str(CERTS / "server.pem"),

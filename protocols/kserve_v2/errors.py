@@ -10,6 +10,7 @@ Triton (queue full), so 503 with `Retry-After`. `stopInfer` for an unknown id an
 
 from __future__ import annotations
 
+import grpc
 from starlette.responses import Response
 
 from server.core.errors import (
@@ -46,6 +47,31 @@ STATUS: dict[type[GatewayError], int] = {
     DeadlineExceeded: 504,
     GatewayError: 500,
 }
+
+
+# gRPC: Triton's mapping of its error codes, and RESOURCE_EXHAUSTED for a full server.
+GRPC_STATUS: dict[type[GatewayError], grpc.StatusCode] = {
+    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    Unauthorized: grpc.StatusCode.UNAUTHENTICATED,
+    ModelNotFound: grpc.StatusCode.NOT_FOUND,
+    PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    RequestNotFound: grpc.StatusCode.NOT_FOUND,
+    AdapterExists: grpc.StatusCode.ALREADY_EXISTS,
+    ClientClosed: grpc.StatusCode.CANCELLED,
+    EngineError: grpc.StatusCode.INTERNAL,
+    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ServiceUnavailable: grpc.StatusCode.UNAVAILABLE,
+    AdapterCapacity: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    GatewayError: grpc.StatusCode.INTERNAL,
+}
+
+
+def grpc_status(exc: GatewayError) -> grpc.StatusCode:
+    for cls in type(exc).__mro__:
+        if cls in GRPC_STATUS:
+            return GRPC_STATUS[cls]
+    return grpc.StatusCode.INTERNAL
 
 
 def status_of(exc: GatewayError) -> int:

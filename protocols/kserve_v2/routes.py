@@ -25,7 +25,7 @@ from protocols.kserve_v2.models import (
     server_metadata,
 )
 from protocols.kserve_v2.schema import InferRequest, StopInferRequest
-from protocols.kserve_v2.stats import InferenceStats, RequestTimer
+from protocols.kserve_v2.stats import InferenceStats, RequestTimer, stats_of
 from protocols.kserve_v2.translate import (
     StreamFolder,
     Target,
@@ -270,7 +270,7 @@ class _Whole:
 
 
 def routes(ctx: ProtocolContext) -> list[Route]:
-    api = KserveApi(ctx, InferenceStats())
+    api = KserveApi(ctx, stats_of(ctx))
     out = RouteList(owner=NAME, render=errors.render)
     health, control = Access.OPEN, frozenset({"control"})  # Triton's shapes win on a shared port
     out.get("/v2", api.server_metadata, doc=Doc(summary="Server metadata"))

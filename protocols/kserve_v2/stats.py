@@ -9,9 +9,12 @@ generation), `compute_output` (encoding). Durations are Triton's `{"count", "ns"
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from server.http.context import ProtocolContext
 
 PHASES = ("compute_input", "queue", "compute_infer", "compute_output")
 
@@ -114,3 +117,14 @@ class InferenceStats:
             "batch_stats": [],
             "memory_usage": [],
         }
+
+
+_SHARED: weakref.WeakKeyDictionary[object, InferenceStats] = weakref.WeakKeyDictionary()
+
+
+def stats_of(ctx: ProtocolContext) -> InferenceStats:
+    """The statistics of one gateway's service: HTTP and gRPC count into the same models."""
+    stats = _SHARED.get(ctx.service)
+    if stats is None:
+        stats = _SHARED[ctx.service] = InferenceStats()
+    return stats

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -19,6 +19,9 @@ from starlette.types import Receive, Scope, Send
 
 from server.core.errors import GatewayError
 from server.http.context import ProtocolContext
+
+if TYPE_CHECKING:
+    from server.http.rpc import GrpcService
 
 
 class Answer(Protocol):
@@ -135,3 +138,4 @@ class ProtocolSpec:
     render: Render  # its error envelope for a domain error
     routes: Callable[[ProtocolContext], Sequence[Route]]
     live_paths: frozenset[str] = frozenset()  # GET paths that answer 200 while the engine starts
+    grpc: Callable[[ProtocolContext], Sequence[GrpcService]] | None = None  # its gRPC services

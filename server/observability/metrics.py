@@ -182,6 +182,11 @@ class GatewayMetrics:
             "HTTP responses by protocol, route template and status.",
             ("protocol", "endpoint", "status"),
         )
+        self.grpc_requests = Counter(
+            "gateway_grpc_requests",
+            "gRPC calls by protocol (or service), method and status code.",
+            ("protocol", "method", "code"),
+        )
         self.generations = Counter(
             "gateway_generation_requests",
             "Generation requests admitted to the engine.",
@@ -226,7 +231,7 @@ class GatewayMetrics:
             E2E_BUCKETS,
         )
         families = (
-            self.http_requests, self.generations, self.failures, self.inflight,
+            self.http_requests, self.grpc_requests, self.generations, self.failures, self.inflight,
             self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e,
         )
         for family in families:
@@ -298,6 +303,13 @@ class GatewayMetrics:
                 "%s %s %d %s %.1fms", scope.get("method"), scope.get("path"), status, owner,
                 seconds * 1000,
             )
+
+
+    # ---- RpcObserver -----------------------------------------------------------------------
+    def rpc(self, owner: str, method: str, code: str, seconds: float) -> None:
+        self.grpc_requests.labels(owner, method, code).value += 1
+        if self.access_log:
+            access_logger.info("gRPC %s %s %s %.1fms", owner, method, code, seconds * 1000)
 
 
 class _Series:

@@ -25,6 +25,7 @@ from server.core.engine import Engine
 from server.core.errors import GatewayError, ServiceUnavailable
 from server.core.lifecycle import Lifecycle, Shutdown, State
 from server.gateway import Gateway, build_gateway, live_paths, register_startup_adapters
+from server.runtime.grpc_listener import plan_grpc, start_grpc, stop_grpc
 from server.runtime.limits import (
     CONNECTIONS_PER_LINK,
     HttpLimits,
@@ -137,6 +138,7 @@ async def serve(
     lifecycle = Lifecycle()
     shutdown = Shutdown(lifecycle)
     listeners = plan_listeners(settings)
+    grpc_plan = plan_grpc(settings)
     holders = [StartingApp(lifecycle, live_paths()) for _ in listeners]
     servers = [
         GatewayServer(uvicorn_config(h, ln, settings))
@@ -147,10 +149,7 @@ async def serve(
     try:
         engine = await _start_engine(settings, engine_factory, shutdown.requested)
     except Exception as exc:
-        logger.exception("engine failed to start")
-        lifecycle.fail(str(exc))
-        await _close_servers(servers, tasks)
-        return 1
+        return await _failed_start("engine failed to start", exc, lifecycle, servers, tasks)
     if engine is None:
         await _close_servers(servers, tasks)
         return 0
@@ -160,6 +159,12 @@ async def serve(
     await register_startup_adapters(gateway)
     for holder, listener in zip(holders, listeners, strict=True):
         holder.serve(gateway.app(listener.roles))
+    try:
+        grpc_server = await start_grpc(gateway, grpc_plan)
+    except Exception as exc:
+        await engine.shutdown()
+        return await _failed_start("the gRPC listener failed to start", exc, lifecycle, servers,
+                                   tasks)
     # Move the start-up heap (torch, vLLM, tokenizer) out of the collector's reach, as vLLM's
     # own server does: otherwise full collections under load stall the event loop 0.4-0.65 s.
     gc.collect()
@@ -172,6 +177,7 @@ async def serve(
     await shutdown.requested.wait()
     await drain(gateway)
     watchdog.cancel()
+    await stop_grpc(grpc_server)
     await _close_servers(servers, tasks)
     await engine.shutdown()
     lifecycle.stopped()
@@ -248,6 +254,19 @@ async def _start_engine(
         return engine
     start.cancel()
     return None
+
+
+async def _failed_start(
+    what: str,
+    exc: Exception,
+    lifecycle: Lifecycle,
+    servers: list[GatewayServer],
+    tasks: list[asyncio.Task[None]],
+) -> int:
+    logger.error("%s", what, exc_info=exc)
+    lifecycle.fail(str(exc))
+    await _close_servers(servers, tasks)
+    return 1
 
 
 async def _close_servers(servers: list[GatewayServer], tasks: list[asyncio.Task[None]]) -> None:

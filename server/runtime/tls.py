@@ -15,11 +15,14 @@ start-up with the field's name and a fix.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import grpc
 
 from server.settings import (
     LISTENER_ROLES,
@@ -195,3 +198,49 @@ def check_bind_address(server: ServerSettings, host: str, tls: bool) -> None:
             "Fix: set httpsEnabled true, bind a specific address, or set "
             "allowAllZeroIpListening true"
         )
+
+
+# ---- gRPC ------------------------------------------------------------------------------------
+def grpc_credentials(files: TlsFiles) -> grpc.ServerCredentials:
+    """Mutual TLS for the gRPC listener from the same files: checked as the HTTP listeners'
+    (`build_context` raises the same start-up errors), then handed to gRPC in memory (an
+    encrypted key is decrypted with its tlsPkPwd; gRPC takes only plain PEM)."""
+    build_context(files)
+    roots = b"".join(Path(ca).read_bytes() for ca in files.ca_files)
+    pair = (_plain_key(files), Path(files.cert).read_bytes())
+    return grpc.ssl_server_credentials([pair], root_certificates=roots, require_client_auth=True)
+
+
+def _plain_key(files: TlsFiles) -> bytes:
+    pem = Path(files.key).read_bytes()
+    if files.key_password_file is None:
+        return pem
+    from cryptography.hazmat.primitives import serialization
+
+    password = Path(files.key_password_file).read_bytes().strip()
+    key = serialization.load_pem_private_key(pem, password=password)
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def revocation_check(files: TlsFiles) -> Callable[[bytes], bool] | None:
+    """For the gRPC listener, whose TLS library takes no CRL: a check of a peer certificate
+    (PEM) against the configured CRLs, True when it is not revoked; None without CRLs."""
+    if not files.crl_files:
+        return None
+    from cryptography import x509
+
+    crls = [x509.load_pem_x509_crl(Path(f).read_bytes()) for f in files.crl_files]
+
+    @functools.lru_cache(maxsize=256)
+    def not_revoked(pem: bytes) -> bool:
+        try:
+            serial = x509.load_pem_x509_certificate(pem).serial_number
+        except ValueError:  # no certificate: mutual TLS let nothing unverifiable through
+            return False
+        return all(crl.get_revoked_certificate_by_serial_number(serial) is None for crl in crls)
+
+    return not_revoked

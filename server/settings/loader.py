@@ -40,12 +40,15 @@ ALIASES: Final[dict[str, tuple[str, ...]]] = {
     "ServerConfig.managementPort": ("server.management.port",),
     "ServerConfig.metricsIpAddress": ("server.metrics.host",),
     "ServerConfig.metricsPort": ("server.metrics.port",),
+    "ServerConfig.grpcIpAddress": ("server.grpc.host",),
+    "ServerConfig.grpcPort": ("server.grpc.port",),
     "ServerConfig.allowAllZeroIpListening": ("server.allow_all_zero_ip",),
     "ServerConfig.httpsEnabled": ("server.data.tls.enabled",),
     "ServerConfig.tlsCaPath": (
         "server.data.tls.ca_path",
         "server.management.tls.ca_path",
         "server.metrics.tls.ca_path",
+        "server.grpc.tls.ca_path",
     ),
     "ServerConfig.tlsCaFile": ("server.data.tls.ca_files",),
     "ServerConfig.tlsCert": ("server.data.tls.cert",),
@@ -67,6 +70,13 @@ ALIASES: Final[dict[str, tuple[str, ...]]] = {
     "ServerConfig.metricsTlsPkPwd": ("server.metrics.tls.key_password_file",),
     "ServerConfig.metricsTlsCrlPath": ("server.metrics.tls.crl_path",),
     "ServerConfig.metricsTlsCrlFiles": ("server.metrics.tls.crl_files",),
+    "ServerConfig.grpcHttpsEnabled": ("server.grpc.tls.enabled",),
+    "ServerConfig.grpcTlsCaFile": ("server.grpc.tls.ca_files",),
+    "ServerConfig.grpcTlsCert": ("server.grpc.tls.cert",),
+    "ServerConfig.grpcTlsPk": ("server.grpc.tls.key",),
+    "ServerConfig.grpcTlsPkPwd": ("server.grpc.tls.key_password_file",),
+    "ServerConfig.grpcTlsCrlPath": ("server.grpc.tls.crl_path",),
+    "ServerConfig.grpcTlsCrlFiles": ("server.grpc.tls.crl_files",),
     "ServerConfig.maxLinkNum": ("server.max_links",),
     "ServerConfig.maxRequestLength": ("server.max_request_mb",),
     "ServerConfig.maxHeaderBytes": ("server.max_header_bytes",),
@@ -120,7 +130,7 @@ ALIASES: Final[dict[str, tuple[str, ...]]] = {
     "base_dir": ("base_dir",),  # always overwritten by the loader with config.json's folder
 }
 
-_DERIVED = ("management", "metrics")  # the listeners that FALLBACKS fill
+_DERIVED = ("management", "metrics", "grpc")  # the listeners that FALLBACKS fill
 _TLS_FALLBACK_FIELDS = ("enabled", "ca_files", "cert", "key", "key_password_file", "crl_path",
                         "crl_files")
 # (field, field it repeats when unset), applied in this order. Unset means absent or null; for a
@@ -128,13 +138,16 @@ _TLS_FALLBACK_FIELDS = ("enabled", "ca_files", "cert", "key", "key_password_file
 FALLBACKS: Final[tuple[tuple[str, str], ...]] = (
     ("server.management.host", "server.data.host"),
     ("server.metrics.host", "server.management.host"),
+    ("server.grpc.host", "server.data.host"),
     *(
         (f"server.{role}.tls.{name}", f"server.data.tls.{name}")
         for role in _DERIVED
         for name in _TLS_FALLBACK_FIELDS
     ),
 )
-_EMPTY_IS_UNSET = frozenset({"server.management.host", "server.metrics.host"})
+_EMPTY_IS_UNSET = frozenset(
+    {"server.management.host", "server.metrics.host", "server.grpc.host"}
+)
 
 # DJL serving.properties `option.*` / OPTION_* keys and the config path each sets; any other
 # option goes into ModelConfig.engineOptions.
@@ -158,7 +171,8 @@ DJL_OPTIONS: Final[dict[str, str]] = {
 }
 ENGINE_OPTIONS = "ModelConfig.engineOptions"
 SECRET_KEYS = frozenset(
-    {"tlsPkPwd", "managementTlsPkPwd", "metricsTlsPkPwd", "apiKeys", "adminKeys"}
+    {"tlsPkPwd", "managementTlsPkPwd", "metricsTlsPkPwd", "grpcTlsPkPwd", "apiKeys",
+     "adminKeys"}
 )
 
 
@@ -398,7 +412,7 @@ def _listener_marked(listener: Listener, role: str, explicit: set[str]) -> Liste
 
     tls = Tls.model_construct(_fields_set=given(f"server.{role}.tls."), **dict(listener.tls))
     fields = {"port", "tls"} | given(f"server.{role}.")
-    return Listener.model_construct(
+    return type(listener).model_construct(
         _fields_set=fields, host=listener.host, port=listener.port, tls=tls
     )
 

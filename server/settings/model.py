@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-LISTENER_ROLES = ("data", "management", "metrics")
+LISTENER_ROLES = ("data", "management", "metrics", "grpc")
 
 
 class _Section(BaseModel):
@@ -43,10 +43,17 @@ class Listener(_Section):
     tls: Tls = Field(default_factory=Tls)
 
 
+class GrpcListener(Listener):
+    """The gRPC listener (Triton's GRPCInferenceService and grpc.health.v1): off without a port."""
+
+    port: int | None = Field(None, ge=0, le=65535)  # type: ignore[assignment]
+
+
 class ServerSettings(_Section):
     data: Listener = Field(default_factory=lambda: Listener(host="127.0.0.1", port=1025))
     management: Listener = Field(default_factory=lambda: Listener(host="127.0.0.1", port=1026))
     metrics: Listener = Field(default_factory=lambda: Listener(host="127.0.0.1", port=1027))
+    grpc: GrpcListener = Field(default_factory=lambda: GrpcListener(host="127.0.0.1"))
     allow_all_zero_ip: bool = False
     max_links: int = Field(1000, ge=1, le=100_000)
     max_request_mb: int = Field(40, ge=1, le=100)  # MB, as MindIE
