@@ -143,8 +143,7 @@ def _grpc_services(settings: Settings, service: InferenceService) -> tuple[GrpcS
     """Every protocol's gRPC services, then grpc.health.v1 answering for them."""
     context = protocol_context(settings, service)
     built = [s for spec in protocols.REGISTRY if spec.grpc for s in spec.grpc(context)]
-    served = frozenset(s.name for s in built)
-    return (*built, health_service(service.lifecycle, served))
+    return (*built, health_service(service.lifecycle))
 
 
 def _routes(

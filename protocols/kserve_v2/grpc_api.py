@@ -6,9 +6,11 @@ model is the vLLM backend's decoupled model: `ModelStreamInfer` sends one respon
 delta when the `stream` input is true, the last one carrying the parameter
 `triton_final_response: true` (every response carries it, as Triton does for decoupled models),
 or one whole response (prompt prepended unless `exclude_input_in_output`) when it is not. Errors
-inside a stream are `error_message` responses and the stream stays open; a unary call's errors
-are gRPC status codes (`errors.GRPC_STATUS`). `ModelInfer` answers a non-streamed request as the
-HTTP `/infer` route does (Triton refuses it for decoupled models; here it simply works).
+inside a stream are `error_message` responses and the stream stays open (a refused request's
+carries only its id; one that failed while generating also its model and the final flag, as a
+backend error response); a unary call's errors are gRPC status codes (`errors.GRPC_STATUS`).
+`ModelInfer` answers a non-streamed request as the HTTP `/infer` route does (Triton refuses it
+for decoupled models; here it simply works).
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ from protocols.kserve_v2.translate import (
     token_outputs,
 )
 from server.core.collect import collect
-from server.core.errors import GatewayError, InvalidRequest
+from server.core.errors import GatewayError, InvalidRequest, ServiceUnavailable
+from server.core.lifecycle import State
 from server.core.types import GenerationResult
 from server.http.context import ProtocolContext, new_request_id
 from server.http.rpc import GrpcService
@@ -60,6 +63,7 @@ HEALTH_METHODS = frozenset(
     f"/{SERVICE}/{name}" for name in ("ServerLive", "ServerReady", "ModelReady")
 )
 FINAL = "triton_final_response"
+SHUTTING_DOWN = "GRPC server is shutting down and has stopped accepting new requests."
 EMPTY_FINAL = "triton_enable_empty_final_response"
 InferRequest = service_pb2.ModelInferRequest
 InferResponse = service_pb2.ModelInferResponse
@@ -86,7 +90,11 @@ class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
         return service_pb2.ServerReadyResponse(ready=self.service.lifecycle.accepting)
 
     async def ModelReady(self, request: Any, context: Context) -> Any:
-        await self._model(request.name, request.version, context)
+        """An unknown model is not ready (released Triton answers so, without an error)."""
+        try:
+            self._model_ref(request.name, request.version)
+        except GatewayError:
+            return service_pb2.ModelReadyResponse(ready=False)
         return service_pb2.ModelReadyResponse(ready=self.service.lifecycle.accepting)
 
     async def ServerMetadata(self, request: Any, context: Context) -> Any:
@@ -101,7 +109,8 @@ class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
     async def ModelConfig(self, request: Any, context: Context) -> Any:
         model = await self._model(request.name, request.version, context)
         config = json_format.ParseDict(
-            model_config(model, self.service.served_name), model_config_pb2.ModelConfig()
+            model_config(model, self.service.served_name), model_config_pb2.ModelConfig(),
+            ignore_unknown_fields=True,  # tritonclient's proto may predate a field Triton sends
         )
         return service_pb2.ModelConfigResponse(config=config)
 
@@ -137,7 +146,7 @@ class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
             timer.mark()
         except GatewayError as exc:
             timer.failure()
-            await _abort(context, exc)
+            await _abort(context, self._as_triton(exc))
         except BaseException:
             timer.failure()
             raise
@@ -181,7 +190,7 @@ class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
         try:
             model = self._model_ref(request.model_name, request.model_version)
         except GatewayError as exc:
-            await out.put(StreamResponse(error_message=exc.message))
+            await out.put(_refused(request, exc))
             return
         timer = self.stats.timer(model.name)
         try:
@@ -193,7 +202,7 @@ class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
             timer.mark()
         except GatewayError as exc:
             timer.failure()
-            await out.put(StreamResponse(error_message=exc.message))
+            await out.put(_refused(request, self._as_triton(exc)))
             return
         empty_final = _flag(request.parameters, EMPTY_FINAL)
         ok = False
@@ -202,12 +211,18 @@ class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
                 await out.put(response)
             ok = True
         except GatewayError as exc:
-            await out.put(StreamResponse(error_message=exc.message))
+            await out.put(_failed(request, exc))
         finally:
             await stream.aclose()
             timer.finished(ok)
 
     # ---- helpers -----------------------------------------------------------------------------
+    def _as_triton(self, exc: GatewayError) -> GatewayError:
+        """A request refused because the server stops gets Triton's own words."""
+        if isinstance(exc, ServiceUnavailable) and self.service.lifecycle.state is State.DRAINING:
+            return ServiceUnavailable(SHUTTING_DOWN)
+        return exc
+
     def _model_names(self) -> list[str]:
         return [self.service.served_name, *self.service.adapters.names()]
 
@@ -268,6 +283,20 @@ async def _responses(
         yield _delta_response(model, request, last)
     elif empty_final:
         yield _stream_response(model, request.id, [], final=True)
+
+
+def _refused(request: Any, exc: GatewayError) -> Any:
+    """A request refused before it started: the message and the request's id only."""
+    return StreamResponse(error_message=exc.message, infer_response=InferResponse(id=request.id))
+
+
+def _failed(request: Any, exc: GatewayError) -> Any:
+    """A request that failed while generating: as the backend's error response, final."""
+    response = InferResponse(
+        model_name=request.model_name, model_version=request.model_version, id=request.id
+    )
+    response.parameters[FINAL].bool_param = True
+    return StreamResponse(error_message=exc.message, infer_response=response)
 
 
 def _delta_response(model: ModelRef, request: Any, folded: Mapping[str, Any]) -> Any:

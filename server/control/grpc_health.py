@@ -1,7 +1,7 @@
 """`grpc.health.v1.Health` for Kubernetes gRPC probes, from the lifecycle: SERVING while the
-server admits requests, NOT_SERVING while it drains, stops or has failed. The overall server
-("") and every served gRPC service answer; any other name is NOT_FOUND, as the standard
-health servicer does."""
+server admits requests, NOT_SERVING while it drains, stops or has failed. As in Triton the
+service name is not looked at (every name gets the server's answer); `Watch` streams changes
+too (Triton has only `Check`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server.core.lifecycle import Lifecycle
@@ -24,24 +23,16 @@ Status = health_pb2.HealthCheckResponse
 
 
 class LifecycleHealth(health_pb2_grpc.HealthServicer):
-    def __init__(self, lifecycle: Lifecycle, services: frozenset[str]) -> None:
+    def __init__(self, lifecycle: Lifecycle) -> None:
         self._lifecycle = lifecycle
-        self._services = services | {"", SERVICE}
 
     def _status(self) -> Any:
         return Status.SERVING if self._lifecycle.accepting else Status.NOT_SERVING
 
     async def Check(self, request: Any, context: Context) -> Any:
-        if request.service not in self._services:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
         return Status(status=self._status())
 
-    async def Watch(
-        self, request: Any, context: Context
-    ) -> AsyncIterator[Any]:
-        if request.service not in self._services:
-            yield Status(status=Status.SERVICE_UNKNOWN)
-            return
+    async def Watch(self, request: Any, context: Context) -> AsyncIterator[Any]:
         last = None
         while True:
             status = self._status()
@@ -51,8 +42,8 @@ class LifecycleHealth(health_pb2_grpc.HealthServicer):
             await asyncio.sleep(WATCH_INTERVAL_S)
 
 
-def health_service(lifecycle: Lifecycle, served: frozenset[str]) -> GrpcService:
-    servicer = LifecycleHealth(lifecycle, served)
+def health_service(lifecycle: Lifecycle) -> GrpcService:
+    servicer = LifecycleHealth(lifecycle)
     return GrpcService(
         name=SERVICE,
         owner="health",
