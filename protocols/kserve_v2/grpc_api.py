@@ -98,19 +98,17 @@ class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
         return service_pb2.ModelReadyResponse(ready=self.service.lifecycle.accepting)
 
     async def ServerMetadata(self, request: Any, context: Context) -> Any:
-        return json_format.ParseDict(
-            server_metadata(self.ctx.server_version), service_pb2.ServerMetadataResponse()
-        )
+        metadata = server_metadata(self.ctx.server_version)
+        return _proto(metadata, service_pb2.ServerMetadataResponse())
 
     async def ModelMetadata(self, request: Any, context: Context) -> Any:
         model = await self._model(request.name, request.version, context)
-        return json_format.ParseDict(model_metadata(model), service_pb2.ModelMetadataResponse())
+        return _proto(model_metadata(model), service_pb2.ModelMetadataResponse())
 
     async def ModelConfig(self, request: Any, context: Context) -> Any:
         model = await self._model(request.name, request.version, context)
-        config = json_format.ParseDict(
-            model_config(model, self.service.served_name), model_config_pb2.ModelConfig(),
-            ignore_unknown_fields=True,  # tritonclient's proto may predate a field Triton sends
+        config = _proto(
+            model_config(model, self.service.served_name), model_config_pb2.ModelConfig()
         )
         return service_pb2.ModelConfigResponse(config=config)
 
@@ -119,7 +117,7 @@ class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
             names = [(await self._model(request.name, request.version, context)).name]
         else:
             names = self._model_names()
-        return json_format.ParseDict(
+        return _proto(
             self.stats.to_json(names, MODEL_VERSION), service_pb2.ModelStatisticsResponse()
         )
 
@@ -283,6 +281,12 @@ async def _responses(
         yield _delta_response(model, request, last)
     elif empty_final:
         yield _stream_response(model, request.id, [], final=True)
+
+
+def _proto(data: dict[str, Any], message: Any) -> Any:
+    """The HTTP route's JSON (Triton's JSON form of the same message) as the proto message;
+    a field the installed stubs predate is left out."""
+    return json_format.ParseDict(data, message, ignore_unknown_fields=True)
 
 
 def _refused(request: Any, exc: GatewayError) -> Any:

@@ -145,6 +145,19 @@ def test_repository_index_lists_the_base_model_and_every_adapter(
     assert all(m["state"] == "READY" and m["version"] == "1" for m in index)
 
 
+def test_statistics_count_grpc_and_http_inferences_alike(
+    client: tg.InferenceServerClient, http: httpx.Client
+) -> None:
+    def successes() -> int:
+        stats = client.get_inference_statistics("a2", as_json=True)["model_stats"][0]
+        return int(stats["inference_stats"].get("success", {}).get("count", 0))
+
+    before = successes()
+    http_generate(http, "a2", greedy(2))
+    client.infer("a2", inputs(sampling=greedy(2)))
+    assert successes() == before + 2
+
+
 def test_an_unknown_model_is_not_found(client: tg.InferenceServerClient) -> None:
     with pytest.raises(InferenceServerException) as caught:
         client.get_model_metadata("nope")

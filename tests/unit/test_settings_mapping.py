@@ -236,3 +236,19 @@ def test_secrets_are_redacted_where_set(tmp_path: Path) -> None:
     assert (server["tlsPkPwd"], server["managementTlsPkPwd"], server["metricsTlsPkPwd"]) == (
         "***", None, "***"
     )
+
+
+def test_the_grpc_listener_is_off_without_a_port_and_falls_back_to_the_data_listener(
+    tmp_path: Path,
+) -> None:
+    off = settings_from_config({}, base_dir=tmp_path).server.grpc
+    assert off.port is None
+    config = {"ServerConfig": {"ipAddress": "10.0.0.5", "grpcPort": 8001,
+                               "tlsCert": "/x/server.pem", "grpcTlsPk": "/g/server.key"}}
+    grpc = settings_from_config(config, base_dir=tmp_path).server.grpc
+    assert (grpc.host, grpc.port) == ("10.0.0.5", 8001)
+    assert (grpc.tls.cert, grpc.tls.key) == ("/x/server.pem", "/g/server.key")
+    shown = redacted(settings_from_config(config, base_dir=tmp_path))["ServerConfig"]
+    assert (shown["grpcPort"], shown["grpcIpAddress"], shown["grpcTlsPk"]) == (
+        8001, None, "/g/server.key"
+    )
