@@ -64,7 +64,6 @@ HEALTH_METHODS = frozenset(
 )
 FINAL = "triton_final_response"
 SHUTTING_DOWN = "GRPC server is shutting down and has stopped accepting new requests."
-EMPTY_FINAL = "triton_enable_empty_final_response"
 InferRequest = service_pb2.ModelInferRequest
 InferResponse = service_pb2.ModelInferResponse
 StreamResponse = service_pb2.ModelStreamInferResponse
@@ -202,10 +201,9 @@ class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
             timer.failure()
             await out.put(_refused(request, self._as_triton(exc)))
             return
-        empty_final = _flag(request.parameters, EMPTY_FINAL)
         ok = False
         try:
-            async for response in _responses(stream, call, model, request, empty_final):
+            async for response in _responses(stream, call, model, request):
                 await out.put(response)
             ok = True
         except GatewayError as exc:
@@ -263,9 +261,11 @@ class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
 
 
 async def _responses(
-    stream: Any, call: TextCall, model: ModelRef, request: Any, empty_final: bool
+    stream: Any, call: TextCall, model: ModelRef, request: Any
 ) -> AsyncIterator[Any]:
-    """The responses of one streamed request, as the vLLM backend sends them."""
+    """The responses of one streamed request, as the vLLM backend sends them: the final flag
+    rides on the last real response, so there is never an empty final one (a request's
+    `triton_enable_empty_final_response` changes nothing, as with the backend)."""
     if not call.stream:
         result = await collect(stream, request_id=call.request.request_id, model="")
         outputs = _requested(text_outputs(result, call), request)
@@ -279,8 +279,6 @@ async def _responses(
     last = folder.close()
     if last is not None:
         yield _delta_response(model, request, last)
-    elif empty_final:
-        yield _stream_response(model, request.id, [], final=True)
 
 
 def _proto(data: dict[str, Any], message: Any) -> Any:
@@ -393,13 +391,6 @@ def request_parameters(parameters: Mapping[str, Any]) -> dict[str, object]:
         if which is not None:
             values[key] = getattr(parameter, which)
     return values
-
-
-def _flag(parameters: Mapping[str, Any], key: str) -> bool:
-    parameter = parameters.get(key)
-    return parameter is not None and parameter.WhichOneof("parameter_choice") == "bool_param" and (
-        parameter.bool_param
-    )
 
 
 def _wire_for_tokens(request: Any) -> Any:

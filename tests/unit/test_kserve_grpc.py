@@ -211,6 +211,18 @@ async def test_streamed_deltas_carry_the_final_flag_on_the_last() -> None:
     assert {(r.id, r.model_name, r.model_version) for r in responses} == {("s-1", "tiny", "1")}
 
 
+async def test_one_final_response_per_request_even_when_an_empty_final_is_enabled() -> None:
+    """perf_analyzer sets triton_enable_empty_final_response; the vLLM backend's final flag rides
+    on its last real response, so no empty final follows (a second final would make a client
+    that paces on finals send twice)."""
+    api = servicer(make_gateway())
+    request = infer_request(stream=True, request_id="p-1")
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    replies = await stream_replies(api, request)
+    assert [final(r.infer_response) for r in replies].count(True) == 1
+    assert all(r.infer_response.raw_output_contents for r in replies)
+
+
 async def test_without_stream_one_whole_final_response_with_the_prompt() -> None:
     api = servicer(make_gateway())
     (reply,) = await stream_replies(api, infer_request())
