@@ -49,12 +49,15 @@ async def _read(ctx: ProtocolContext, request: Request) -> GenerateRequest:
 
 
 def _prepare(
-    ctx: ProtocolContext, request: Request, body: GenerateRequest, *, stream: bool
+    ctx: ProtocolContext, request: Request, body: GenerateRequest, *, stream: bool,
+    full_text: bool = False,
 ) -> _Prepared:
     """Validate and plan; the prompt is tokenized and fitted after admission (`fit`)."""
     started_at = time.perf_counter()
     limits = _limits(ctx)
-    plan = translate.plan(body, limits, stream=stream, defaults=ctx.service.defaults())
+    plan = translate.plan(
+        body, limits, stream=stream, defaults=ctx.service.defaults(), full_text=full_text
+    )
     _check_adapter(ctx, plan.adapter)
     request_id = request_id_header(request) or current_request_id()
     gen = translate.to_generation_request(plan, request_id=request_id)
@@ -180,11 +183,12 @@ def generate_stream(ctx: ProtocolContext) -> Endpoint:
 
 
 def compat(ctx: ProtocolContext) -> Endpoint:
-    """TGI `POST /`: a one-element list, or the `/generate_stream` events when `stream` is true."""
+    """TGI `POST /`: a one-element list, or the `/generate_stream` events when `stream` is true.
+    An omitted `return_full_text` is true: TGI's default for a text-generation model."""
 
     async def endpoint(request: Request) -> Answer:
         body = await _read(ctx, request)
-        prepared = _prepare(ctx, request, body, stream=bool(body.stream))
+        prepared = _prepare(ctx, request, body, stream=bool(body.stream), full_text=True)
         if prepared.plan.stream:
             return await _stream(ctx, prepared)
         result, headers = await until_disconnect(request, _run(ctx, prepared))

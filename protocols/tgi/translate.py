@@ -108,9 +108,12 @@ def plan(
     *,
     stream: bool,
     defaults: SamplingDefaults = NO_DEFAULTS,
+    full_text: bool = False,
 ) -> Plan:
     """Validate the parameters (TGI's checks that need no tokenizer) and decide the sampling;
-    what the request leaves out takes the model's `defaults`."""
+    what the request leaves out takes the model's `defaults`. `full_text` is what an omitted
+    `return_full_text` means: false on `/generate*`; on `POST /` (and SageMaker's
+    `/invocations`) TGI's pipeline default, true for a text-generation model (`server.rs`)."""
     p = body.parameters if body.parameters is not None else Parameters(do_sample=True)
     best_of = 1 if p.best_of is None else p.best_of
     sampling = _sampling_wanted(p)
@@ -138,7 +141,7 @@ def plan(
         truncate=p.truncate,
         details=details,
         prefill=bool(p.decoder_input_details),
-        full_text=bool(p.return_full_text),
+        full_text=full_text if p.return_full_text is None else p.return_full_text,
         best_of=best_of,
         top_n=top_n,
         seed=p.seed,

@@ -161,3 +161,18 @@ async def test_tgi_stream_final_event_is_the_last_token() -> None:
     events = frames(response.text)
     assert len(events) == 3 and all(e["generated_text"] is None for e in events[:2])
     assert events[-1]["generated_text"] == "".join(e["token"]["text"] for e in events)
+
+
+async def test_compat_route_prepends_the_prompt_unless_told_not_to() -> None:
+    app, _, _ = build()
+    body = {"inputs": "a b", "parameters": {"max_new_tokens": 3}}
+    async with client(app) as http:
+        plain = (await http.post("/generate", json=body)).json()["generated_text"]
+        listed = (await http.post("/", json=body)).json()
+        body["parameters"]["return_full_text"] = False
+        told = (await http.post("/", json=body)).json()
+        body["stream"], body["parameters"] = True, {"max_new_tokens": 3}
+        streamed = frames((await http.post("/", json=body)).text)
+    assert listed == [{"generated_text": "a b" + plain}]
+    assert told == [{"generated_text": plain}]
+    assert streamed[-1]["generated_text"] == "a b" + plain

@@ -361,6 +361,30 @@ def test_return_full_text_prepends_the_inputs() -> None:
     assert out["generated_text"] == "Hello a b"
 
 
+@pytest.mark.parametrize(
+    ("given", "full_text", "expected"),
+    [
+        ({}, False, " a b"),  # /generate*: TGI's default is false
+        ({}, True, "Hello a b"),  # POST /: the text-generation pipeline's default
+        ({"return_full_text": False}, True, " a b"),
+        ({"return_full_text": None}, True, "Hello a b"),  # clients send every key, null ones too
+        ({"return_full_text": True}, False, "Hello a b"),
+    ],
+)
+def test_an_omitted_return_full_text_takes_the_routes_default(
+    given: dict[str, Any], full_text: bool, expected: str
+) -> None:
+    plan = translate.plan(body(**given), LIMITS, stream=False, full_text=full_text)
+    assert translate.to_generate_response(result(CHOICE), rendering(plan)) == {
+        "generated_text": expected
+    }
+
+
+def test_compat_default_holds_without_a_parameters_object() -> None:
+    bare = GenerateRequest.model_validate({"inputs": "Hello"})
+    assert translate.plan(bare, LIMITS, stream=False, full_text=True).full_text
+
+
 def test_details_list_every_token_with_logprob_and_special_flag() -> None:
     out = translate.to_generate_response(result(CHOICE), rendering(plan_of(details=True)))
     assert out["details"] == {
