@@ -52,6 +52,7 @@ from server.http.streaming import token_pieces
 TGI_MAX_BEST_OF = 2
 TGI_MAX_STOP_SEQUENCES = 4
 TGI_MAX_TOP_N_TOKENS = 5
+TGI_GENERATION_CHUNK = 1024  # validation.rs DEFAULT_GENERATION_LENGTH: what the check counts
 NO_DEFAULTS = SamplingDefaults()
 DEFAULTED = ("temperature", "top_p", "top_k", "repetition_penalty", "frequency_penalty")
 
@@ -307,22 +308,28 @@ def to_generation_request(plan: Plan, *, request_id: str) -> GenerationRequest:
 
 
 def fit_prompt(plan: Plan, limits: Limits) -> PromptFit:
-    """Apply `truncate` (keep the last tokens) and TGI's length checks to the tokenized prompt."""
+    """Apply `truncate` (keep the last tokens) and TGI's length checks to the tokenized prompt.
+
+    As TGI's router (`validation.rs`, `validate_input`): the prompt plus `min(max_new_tokens,
+    1024)` must fit `max_total_tokens` (its message names that smaller number). TGI then
+    generates in 1024-token rounds while the context has room; here a larger `max_new_tokens`
+    that passed the check generates until the context is full."""
 
     def fit(request: GenerationRequest, token_ids: Sequence[int]) -> GenerationRequest:
         ids = tuple(token_ids)
         if plan.truncate is not None and len(ids) > plan.truncate:
             ids = ids[len(ids) - plan.truncate :]
         input_length = len(ids)
+        room = max(limits.max_total_tokens - input_length, 0)
         max_new = plan.max_new_tokens
         if max_new is None:
-            room = max(limits.max_total_tokens - input_length, 0)
             default = plan.default_max_new_tokens
             max_new = room if default is None else min(room, default)
-        if input_length + max_new > limits.max_total_tokens:
+        checked = min(max_new, TGI_GENERATION_CHUNK)
+        if input_length + checked > limits.max_total_tokens:
             raise invalid(
                 f"`inputs` tokens + `max_new_tokens` must be <= {limits.max_total_tokens}. "
-                f"Given: {input_length} `inputs` tokens and {max_new} `max_new_tokens`",
+                f"Given: {input_length} `inputs` tokens and {checked} `max_new_tokens`",
                 "max_new_tokens",
             )
         if input_length > limits.max_input_tokens:
@@ -330,7 +337,7 @@ def fit_prompt(plan: Plan, limits: Limits) -> PromptFit:
                 f"`inputs` must have less than {limits.max_input_tokens} tokens. "
                 f"Given: {input_length}"
             )
-        sampling = replace(request.sampling, max_new_tokens=max_new)
+        sampling = replace(request.sampling, max_new_tokens=min(max_new, room))
         return replace(request, prompt=TokenPrompt(ids), sampling=sampling)
 
     return fit

@@ -125,6 +125,26 @@ def test_text_generation_client_generate_and_stream_agree(tgi: Client) -> None:
     assert tokens[-1].details.finish_reason == response.details.finish_reason
 
 
+def test_max_new_tokens_is_checked_as_tgis_router_does(
+    tgi: Client, hub: InferenceClient, http: httpx.Client
+) -> None:
+    """validation.rs: prompt + min(max_new_tokens, 1024) must fit the 512-token context; the
+    message names the tokens it counted."""
+    probe = http.post("/generate", json={"inputs": PROMPT, "parameters": {"max_new_tokens": 1}})
+    prompt_tokens = int(probe.headers["x-prompt-tokens"])
+    expected = (
+        "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 512. "
+        f"Given: {prompt_tokens} `inputs` tokens and 1024 `max_new_tokens`"
+    )
+    with pytest.raises(TgiValidationError) as caught:
+        tgi.generate(PROMPT, max_new_tokens=100_000)
+    assert str(caught.value) == expected
+    with pytest.raises(HubValidationError, match="and 600 `max_new_tokens`"):
+        hub.text_generation(PROMPT, max_new_tokens=600)
+    fits = tgi.generate(PROMPT, max_new_tokens=512 - prompt_tokens)
+    assert fits.details.generated_tokens <= 512 - prompt_tokens
+
+
 def test_text_generation_client_maps_server_validation(tgi: Client) -> None:
     with pytest.raises(TgiValidationError, match="stop sequences"):
         tgi.generate(PROMPT, max_new_tokens=4, stop_sequences=["a", "b", "c", "d", "e"])

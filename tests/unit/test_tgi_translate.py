@@ -312,6 +312,36 @@ def test_inputs_plus_max_new_tokens_over_the_total_is_refused() -> None:
     )
 
 
+def test_the_check_counts_at_most_tgis_1024_token_round() -> None:
+    """validation.rs: input + min(max_new_tokens, 1024) must fit; the message names that."""
+    with pytest.raises(InvalidRequest) as caught:
+        fitted(plan_of(max_new_tokens=100_000), [1, 5, 6])
+    assert caught.value.message == (
+        "`inputs` tokens + `max_new_tokens` must be <= 512. Given: 3 `inputs` tokens and 1024 "
+        "`max_new_tokens`"
+    )
+    assert caught.value.param == "parameters.max_new_tokens"
+
+
+@pytest.mark.parametrize(("asked", "runs"), [(1000, 1000), (1025, 1025), (5000, 2045)])
+def test_a_limit_that_passes_the_check_generates_at_most_to_the_full_context(
+    asked: int, runs: int
+) -> None:
+    big = translate.Limits(max_input_tokens=2047, max_total_tokens=2048)
+    plan = plan_of(max_new_tokens=asked)
+    request = translate.to_generation_request(plan, request_id="r")
+    fitted_request = translate.fit_prompt(plan, big)(request, [1, 5, 6])
+    assert fitted_request.sampling.max_new_tokens == runs
+
+
+def test_the_1024_round_is_refused_when_the_context_cannot_hold_it() -> None:
+    big = translate.Limits(max_input_tokens=2047, max_total_tokens=2048)
+    plan = plan_of(max_new_tokens=5000)
+    request = translate.to_generation_request(plan, request_id="r")
+    with pytest.raises(InvalidRequest, match=r"Given: 1100 `inputs` tokens and 1024 `max_new"):
+        translate.fit_prompt(plan, big)(request, [7] * 1100)
+
+
 def test_inputs_longer_than_the_input_limit_are_refused() -> None:
     expected = r"`inputs` must have less than 511 tokens\. Given: 512"
     with pytest.raises(InvalidRequest, match=expected):
