@@ -58,3 +58,5 @@ class ProtocolContext:
     server_version: str = "0.1.0"
     created: int = 0  # server start, seconds since the epoch
     allow_runtime_lora: bool = True
+    lmi_rolling_batch: bool = False  # DJL answers in LMI's legacy rolling-batch schema
+    tgi_compat: bool = False  # SageMaker /invocations with a string `inputs` is TGI's
