@@ -340,3 +340,61 @@ def test_grammar_constrains_the_real_engine(hub: InferenceClient, http: httpx.Cl
     assert response.status_code == 422
     assert response.json()["error_type"] == "validation"
     assert generate(http, max_new_tokens=2)["generated_text"]
+
+
+# ---- SageMaker /invocations, on a server started with DJL's OPTION_TGI_COMPAT=true ------------
+
+
+@pytest.fixture(scope="module")
+def compat_server(djl_options_server: RunningServer) -> RunningServer:
+    return djl_options_server
+
+
+def test_invocations_with_tgi_compat_serves_text_generation_client(
+    compat_server: RunningServer,
+) -> None:
+    """text_generation.Client posts to its base URL and reads element 0 of TGI's list
+    (sagemaker.rs: /invocations with a generate body is POST /)."""
+    at_invocations = Client(compat_server.url + "/invocations", timeout=60)
+    at_root = Client(compat_server.url, timeout=60)
+    out = at_invocations.generate(PROMPT, max_new_tokens=8)
+    assert out.generated_text == at_root.generate(PROMPT, max_new_tokens=8).generated_text
+    assert out.details.generated_tokens == len(out.details.tokens)
+    tokens = list(at_invocations.generate_stream(PROMPT, max_new_tokens=8))
+    assert tokens[-1].generated_text == out.generated_text
+    assert "".join(t.token.text for t in tokens) == out.generated_text
+
+
+def test_invocations_with_tgi_compat_serves_the_hub_client_the_full_text(
+    compat_server: RunningServer,
+) -> None:
+    hub = InferenceClient(base_url=compat_server.url + "/invocations", timeout=60)
+    with httpx.Client(base_url=compat_server.url, timeout=60) as http:
+        plain = generate(http, max_new_tokens=8)["generated_text"]
+    assert hub.text_generation(PROMPT, max_new_tokens=8) == PROMPT + plain
+    assert "".join(hub.text_generation(PROMPT, max_new_tokens=8, stream=True)) == plain
+
+
+def test_invocations_with_tgi_compat_answers_tgis_list_and_errors(
+    compat_server: RunningServer,
+) -> None:
+    with httpx.Client(base_url=compat_server.url, timeout=60) as http:
+        body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 8}}
+        listed = http.post("/invocations", json=body)
+        assert listed.status_code == 200 and listed.headers["x-compute-type"] == "vllm"
+        assert listed.json() == http.post("/", json=body).json()
+        assert len(listed.json()) == 1
+        refused = http.post(
+            "/invocations", json={"inputs": PROMPT, "parameters": {"max_new_tokens": 100_000}}
+        )
+        assert "and 1024 `max_new_tokens`" in assert_validation_error(refused)
+        lmi = http.post("/invocations", json={**body, "adapters": "a1"})  # DJL's body stays DJL's
+        assert lmi.status_code == 200 and isinstance(lmi.json(), dict)
+        with_header = http.post(
+            "/invocations", json=body, headers={"X-Amzn-SageMaker-Adapter-Identifier": "a1"}
+        )
+        by_adapter_id = http.post(
+            "/invocations",
+            json={"inputs": PROMPT, "parameters": {"max_new_tokens": 8, "adapter_id": "a1"}},
+        )
+        assert with_header.json() == by_adapter_id.json() != listed.json()
