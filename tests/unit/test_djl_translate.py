@@ -492,7 +492,7 @@ def test_a_stream_error_is_the_schemas_error_line() -> None:
 @pytest.mark.parametrize(
     ("exc", "status", "java_type"),
     [(InvalidRequest("x"), 400, "BadRequestException"),
-     (AdapterInvalid("x"), 400, "BadRequestException"),
+     (AdapterInvalid("x"), 424, "BadRequestException"),  # the handler failed (DJL's 424)
      (LoraDisabled("LoRA is not enabled."), 400, "BadRequestException"),
      (AdapterNotFound("x"), 404, "BadRequestException"),
      (AdapterExists("x"), 409, "IllegalArgumentException"),
@@ -555,6 +555,31 @@ async def test_the_lmi_schema_follows_rolling_batch(
     lines = [json.loads(line) for line in streamed.text.splitlines()]
     assert all(set(line["token"]) == token_keys for line in lines)
     assert lines[-1]["generated_text"] == answer["generated_text"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("params", "status", "words"),
+    [({"src": "/nowhere/a9"}, 424, "outside the allowed adapter roots"),
+     ({"src": "{demo}/test-adapters/nope"}, 424, "not a directory"),
+     ({"src": "{demo}/test-adapters/a4", "preload": "false", "pin": "true"}, 424,
+      "Can not set preload to false and pin to true"),
+     ({"src": ""}, 400, "The parameter src is required"),
+     ({"src": "{demo}/test-adapters/a4", "name": "bad name!"}, 400, "Invalid adapter name")],
+)
+async def test_a_registration_the_handler_refuses_is_djls_424(
+    gw: Any, params: dict[str, str], status: int, words: str
+) -> None:
+    """adapter_manager_mixin.py answers code 424 for what register_adapter refuses; the Java
+    front's own checks (required parameters) stay 400."""
+    query = {"name": "a9", **{k: v.format(demo=DEMO) for k, v in params.items()}}
+    async with client(gw, "management") as http:
+        response = await http.post("/models/tiny/adapters", params=query)
+        assert response.status_code == status
+        body = response.json()
+        assert (body["code"], body["type"]) == (status, "BadRequestException")
+        assert words in body["message"]
+        assert (await http.get("/adapters/a9")).status_code == 404
 
 
 @pytest.mark.anyio
