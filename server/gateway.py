@@ -226,6 +226,8 @@ def protocol_context(settings: Settings, service: InferenceService) -> ProtocolC
         server_version=__version__,
         created=int(time.time()),
         allow_runtime_lora=lora.enabled and lora.allow_runtime_updates,
+        lmi_rolling_batch=settings.protocols.rolling_batch != "auto",
+        tgi_compat=settings.protocols.tgi_compat,
     )
 
 

@@ -20,6 +20,18 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
         yield server
 
 
+# DJL's own switches, set as a DJL user sets them: LMI's legacy rolling-batch schema and TGI's
+# answer on SageMaker's /invocations.
+DJL_OPTIONS = {"OPTION_ROLLING_BATCH": "vllm", "OPTION_TGI_COMPAT": "true"}
+
+
+@pytest.fixture(scope="session")
+def djl_options_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A second gateway on the real engine, started with DJL_OPTIONS in its environment."""
+    with running_server(tmp_path_factory.mktemp("djl-options"), environ=DJL_OPTIONS) as server:
+        yield server
+
+
 @pytest.fixture(scope="session")
 def fake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """The same process on the fake engine (fast start), for transport-level tests."""

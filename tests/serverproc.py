@@ -155,6 +155,7 @@ def running_server(
     overrides: dict[str, Any] | None = None,
     ready_timeout: float = 180.0,
     client_tls: ssl.SSLContext | None = None,  # to probe an https data listener
+    environ: dict[str, str] | None = None,  # more environment, e.g. DJL's OPTION_* keys
 ) -> Iterator[RunningServer]:
     ensure_assets()
     config = merge(base_config(engine), overrides or {})
@@ -168,6 +169,7 @@ def running_server(
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_HOST_IP": "127.0.0.1",
         "PYTHONUNBUFFERED": "1",
+        **(environ or {}),
     }
     with log_path.open("wb") as log:
         process = subprocess.Popen(

@@ -1,8 +1,10 @@
 """DJL error tables: domain errors → status and body, one table per kind of route.
 
 - Management routes (`/models/{m}/adapters…`, `/adapters…`): DJL's Java `ErrorResponse`
-  `{"code", "type", "message"}` (Gson pretty print + newline); 400 BadRequestException, 404,
-  405, 409 IllegalArgumentException (adapter exists), 503, 507 (no free lora slots).
+  `{"code", "type", "message"}` (Gson pretty print + newline); 400 BadRequestException for what
+  the Java front checks (parameters, LoRA enabled), 404, 405, 409 IllegalArgumentException
+  (adapter exists), 424 when the handler fails to register or update (bad path or files, pin
+  without preload, the engine refusing it), 503, 507 (no free lora slots).
 - Inference routes (`/invocations`, `/predictions/{m}`): LMI's handler errors `{"error", "code"}`
   with 424 for invalid input and unregistered adapters ("Adapter X is not registered"), 424
   `{"code", "message": "invoke handler failure", "error"}` for generation failures, and the Java
@@ -19,6 +21,7 @@ from protocols.djl.translate import djl_json, error_body
 from server.core.errors import (
     AdapterCapacity,
     AdapterExists,
+    AdapterInvalid,
     AdapterNotFound,
     ClientClosed,
     GatewayError,
@@ -44,8 +47,11 @@ class MethodNotAllowed(GatewayError):
 
 
 # (class, status, Java exception type); the first matching class wins, subclasses first.
+# AdapterInvalid is what DJL's Python handler refuses (adapter_manager_mixin.py: bad path,
+# pin without preload, add_lora failing): its 424 reaches the client as a BadRequestException.
 _MANAGEMENT: tuple[tuple[type[GatewayError], int, str], ...] = (
     (PayloadTooLarge, 413, "BadRequestException"),
+    (AdapterInvalid, 424, "BadRequestException"),
     (InvalidRequest, 400, "BadRequestException"),
     (ModelNotFound, 404, "BadRequestException"),
     (RequestNotFound, 404, "BadRequestException"),

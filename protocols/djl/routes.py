@@ -2,7 +2,9 @@
 
 Data plane (`data_routes`): GET|POST /ping, POST /predictions/{model}[/{version}]; `invocations`
 serves the DJL bodies of the shared POST /invocations (the gateway dispatches by body keys).
-`{model}` is a served base-model name or a DJL workflow name (an alias of its adapter).
+`{model}` is a served base-model name or a DJL workflow name (an alias of its adapter). Answers
+are in LMI's async-mode schema, or its rolling-batch one with `option.rolling_batch=vllm`
+(`responses.py`).
 
 Management plane (`management_routes`): DJL's adapter API on /models/{model}/adapters… and the
 prefix-less /adapters… (there is one base model, so the prefix is always optional), which also
@@ -23,7 +25,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from protocols.djl import errors, schema, translate
+from protocols.djl import errors, responses, schema, translate
 from protocols.djl.schema import LmiRequest
 from server.core.adapters import AdapterRecord, AdapterRegistry
 from server.core.errors import (
@@ -34,7 +36,7 @@ from server.core.errors import (
     ModelNotFound,
 )
 from server.core.lifecycle import State
-from server.core.types import Delta, GenerationEvent
+from server.core.types import Delta, GenerationEvent, Started
 from server.http import jsonio
 from server.http.body import decode_json, parse_model, read_body, request_id_header
 from server.http.context import ProtocolContext, current_request_id
@@ -152,6 +154,7 @@ async def _infer(ctx: ProtocolContext, request: Request, workflow: str | None) -
         models=models,
         bounds=ctx.bounds,
         defaults=ctx.service.defaults(),
+        legacy=ctx.lmi_rolling_batch,
     )
     service = ctx.service
     if plan.stream:
@@ -167,7 +170,7 @@ async def _infer(ctx: ProtocolContext, request: Request, workflow: str | None) -
     if plan.prefill:
         texts_of_prompt = service.token_texts(list(result.prompt.prompt_token_ids))
     return Response(
-        jsonio.dumps(translate.to_response(result, plan, texts_of_prompt)),
+        jsonio.dumps(responses.to_response(result, plan, texts_of_prompt)),
         media_type=errors.JSON,
     )
 
@@ -189,14 +192,16 @@ def _adapters(ctx: ProtocolContext, request: Request, body: LmiRequest, count: i
 
 
 class _Lines:
-    """LMI's stream: one JSON line per token; an error as LMI's error line."""
+    """LMI's stream: one JSON line per token; an error as the schema's error line."""
 
     def __init__(self, plan: translate.Plan) -> None:
-        self._encoder = translate.StreamEncoder(plan)
+        self._encoder = responses.StreamEncoder(plan)
 
     def encode(self, event: GenerationEvent) -> bytes:
         if isinstance(event, Delta):
             return b"".join(self._encoder.lines(event))
+        if isinstance(event, Started):
+            self._encoder.started(event)
         return b""
 
     def error(self, exc: GatewayError) -> bytes:

@@ -1,5 +1,5 @@
-"""DJL translation, pure: LMI bodies → `GenerationRequest`s, results/events → LMI JSON, adapter
-management forms → registrations, registry records → DJL JSON, DJL pagination.
+"""DJL translation, pure: LMI bodies → `GenerationRequest`s (their answers: `responses.py`),
+adapter management forms → registrations, registry records → DJL JSON, DJL pagination.
 
 Adapter selection for inference (documented precedence, as djl_python reads them, later wins):
 body `adapters` < query `?adapter=` < `X-Amzn-SageMaker-Custom-Attributes: adapter=<name>` <
@@ -13,7 +13,7 @@ Structured output as LMI's vLLM path: `structured_outputs` with `response_format
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,18 +27,12 @@ from server.core.sampling import (
     with_model_defaults,
 )
 from server.core.types import (
-    Choice,
-    Delta,
-    FinishReason,
     GenerationRequest,
-    GenerationResult,
     OutputOptions,
     Sampling,
     SamplingDefaults,
-    Started,
     StructuredOutput,
     TextPrompt,
-    TokenLogprob,
 )
 from server.http import jsonio
 from server.http.body import parse_model
@@ -374,6 +368,8 @@ class Plan:
     details: bool
     prefill: bool
     full_text: bool
+    seed: int | None = None
+    legacy: bool = False  # LMI's rolling-batch schema (option.rolling_batch=vllm), else async's
 
 
 def to_plan(
@@ -383,8 +379,10 @@ def to_plan(
     models: Sequence[str],
     bounds: RequestBounds,
     defaults: SamplingDefaults = NO_DEFAULTS,
+    legacy: bool = False,
 ) -> Plan:
-    """`models[i]` is what input i runs on: "" (base), an adapter or a workflow name."""
+    """`models[i]` is what input i runs on: "" (base), an adapter or a workflow name. `legacy`
+    answers in LMI's rolling-batch schema (`responses.py`), else in its async mode's."""
     p = body.parameters or LmiParameters()
     texts = input_texts(body, bounds)
     sampling = to_sampling(p, bounds, defaults)
@@ -405,132 +403,5 @@ def to_plan(
     return Plan(
         requests=requests, inputs=tuple(texts), single=isinstance(body.inputs, str),
         stream=stream, details=bool(p.details), prefill=prefill,
-        full_text=bool(p.return_full_text),
+        full_text=bool(p.return_full_text), seed=p.seed, legacy=legacy,
     )
-
-
-# ---- inference: response -----------------------------------------------------------------
-
-def finish_reason(reason: FinishReason, matched_stop: str | int | None) -> str:
-    """LMI's vLLM reasons: length, eos_token, stop_sequence, abort."""
-    if reason is FinishReason.LENGTH:
-        return "length"
-    if reason is FinishReason.ABORT:
-        return "abort"
-    return "stop_sequence" if isinstance(matched_stop, str) else "eos_token"
-
-
-def token(token_id: int, text: str, logprob: float | None) -> dict[str, Any]:
-    return {"id": token_id, "text": text, "log_prob": logprob}
-
-
-def _tokens(choice: Choice) -> list[dict[str, Any]]:
-    entries = choice.logprobs
-    return [
-        token(tid, entries[i].token if i < len(entries) else "",
-              entries[i].logprob if i < len(entries) else None)
-        for i, tid in enumerate(choice.token_ids)
-    ]
-
-
-def _prefill(started: Started, texts: Sequence[str]) -> list[dict[str, Any]]:
-    """Prompt tokens with their logprobs (the first has none)."""
-    entries = started.prompt_logprobs
-    out = []
-    for i, tid in enumerate(started.prompt_token_ids):
-        entry = entries[i] if i < len(entries) else None
-        text = texts[i] if i < len(texts) else (entry.token if entry else "")
-        out.append(token(tid, text, entry.logprob if entry else None))
-    return out
-
-
-def _sequence(choice: Choice, text_prefix: str) -> dict[str, Any]:
-    return {
-        "generated_text": text_prefix + choice.text,
-        "finish_reason": finish_reason(choice.finish_reason, choice.matched_stop),
-        "generated_tokens": len(choice.token_ids),
-        "tokens": _tokens(choice),
-    }
-
-
-def _output(
-    k: int, choices: Sequence[Choice], plan: Plan, started: Started, prefill_texts: Sequence[str]
-) -> dict[str, Any]:
-    prefix = plan.inputs[k] if plan.full_text else ""
-    best = choices[0]
-    out: dict[str, Any] = {"generated_text": prefix + best.text}
-    if plan.details:
-        details: dict[str, Any] = {
-            "finish_reason": finish_reason(best.finish_reason, best.matched_stop),
-            "generated_tokens": len(best.token_ids),
-            "inputs": plan.inputs[k],
-            "tokens": _tokens(best),
-        }
-        if plan.prefill:
-            details["prefill"] = _prefill(started, prefill_texts)
-        if len(choices) > 1:
-            details["best_of_sequences"] = [_sequence(c, prefix) for c in choices[1:]]
-        out["details"] = details
-    return out
-
-
-def to_response(
-    result: GenerationResult, plan: Plan, prefill_texts: Sequence[str] = ()
-) -> dict[str, Any] | list[dict[str, Any]]:
-    """One object for a string input, a list (one per input) for a list of inputs.
-    `prefill_texts` are the prompt tokens' texts (for `decoder_input_details`)."""
-    n = plan.requests[0].sampling.n
-    by_index = sorted(result.choices, key=lambda c: c.index)
-    outputs = [
-        _output(k, by_index[k * n:(k + 1) * n], plan, result.prompt, prefill_texts)
-        for k in range(len(plan.inputs))
-    ]
-    return outputs[0] if plan.single else outputs
-
-
-class StreamEncoder:
-    """LMI's default streaming: one JSON line per token; the last line also carries
-    `generated_text` (and `details` when asked). A delta's text goes on its last token, so the
-    token texts always join to `generated_text`."""
-
-    def __init__(self, plan: Plan) -> None:
-        self._plan = plan
-        self._parts: list[str] = [plan.inputs[0]] if plan.full_text else []
-        self._count = 0
-
-    def lines(self, delta: Delta) -> Iterator[bytes]:
-        ids = delta.token_ids
-        end = delta if delta.finish is not None else None
-        if not ids:
-            self._parts.append(delta.text)
-            if end is not None:
-                yield self._line(token(-1, "", None), end)
-            return
-        last = len(ids) - 1
-        for i, tid in enumerate(ids):
-            entry: TokenLogprob | None = delta.logprobs[i] if i < len(delta.logprobs) else None
-            text = delta.text if i == last else ""
-            self._parts.append(text)
-            self._count += 1
-            yield self._line(
-                token(tid, text, entry.logprob if entry else None), end if i == last else None
-            )
-
-    def error(self, message: str, code: int) -> bytes:
-        line = {
-            "token": token(-1, "", None), "generated_text": "".join(self._parts),
-            "details": {"finish_reason": "error"}, "error": message, "code": code,
-        }
-        return jsonio.dumps(line) + b"\n"
-
-    def _line(self, tok: dict[str, Any], end: Delta | None) -> bytes:
-        line: dict[str, Any] = {"token": tok}
-        if end is not None and end.finish is not None:
-            line["generated_text"] = "".join(self._parts)
-            if self._plan.details:
-                line["details"] = {
-                    "finish_reason": finish_reason(end.finish, end.matched_stop),
-                    "generated_tokens": self._count,
-                    "inputs": self._plan.inputs[0],
-                }
-        return jsonio.dumps(line) + b"\n"

@@ -4,8 +4,9 @@ Body `{"error": "<message>"}` everywhere (Triton's envelope). Triton's own mappi
 argument → 400, not found → 404, unavailable → 503, internal → 500. A body over the size limit is
 413 (Triton says 400; 413 is what proxies and clients expect for that). Overload is "unavailable" in
 Triton (queue full), so 503 with `Retry-After`. `stopInfer` for an unknown id answers MindIE's
-404 body, which adds `"error_type": "NotFoundError"`. Stream errors after the first event are
-`data: {"error": "..."}` events.
+404 body, which adds `"error_type": "NotFoundError"`; a bad stopInfer body (not JSON, no string
+`id`, an id outside MindIE's pattern) is MindIE's 422 `"Input Validation Error"`. Stream errors
+after the first event are `data: {"error": "..."}` events.
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ from server.http import jsonio
 from server.http.body import json_response, retry_headers
 from server.http.streaming import sse_event
 
+
+class StopInferInvalid(InvalidRequest):
+    """A stopInfer body MindIE refuses (`SingleReqInferInterfaceBase::Stop`): its 422."""
+
+
 STATUS: dict[type[GatewayError], int] = {
+    StopInferInvalid: 422,
     InvalidRequest: 400,
     Unauthorized: 401,
     ModelNotFound: 404,
@@ -84,6 +91,8 @@ def status_of(exc: GatewayError) -> int:
 def body_of(exc: GatewayError) -> dict[str, str]:
     if isinstance(exc, RequestNotFound):
         return {"error": exc.message, "error_type": "NotFoundError"}
+    if isinstance(exc, StopInferInvalid):
+        return {"error": exc.message, "error_type": "Input Validation Error"}
     return {"error": exc.message}
 
 

@@ -24,7 +24,7 @@ from protocols.kserve_v2.models import (
     resolve_model,
     server_metadata,
 )
-from protocols.kserve_v2.schema import InferRequest, StopInferRequest
+from protocols.kserve_v2.schema import InferRequest
 from protocols.kserve_v2.stats import InferenceStats, RequestTimer, stats_of
 from protocols.kserve_v2.translate import (
     StreamFolder,
@@ -37,6 +37,7 @@ from protocols.kserve_v2.translate import (
     output_plan,
     response_header,
     select_outputs,
+    stop_infer_id,
     text_call,
     text_outputs,
     token_outputs,
@@ -113,8 +114,8 @@ class KserveApi:
     async def stop_infer(self, request: Request) -> Answer:
         """MindIE: cancel the running request(s) with this id; 200 echoes the body."""
         self.model(request)
-        body = await read_json(request, self.ctx.max_body_bytes)
-        self.service.cancel(parse_model(StopInferRequest, body).id)
+        stop_id, body = stop_infer_id(await read_body(request, self.ctx.max_body_bytes))
+        self.service.cancel(stop_id)
         return json_response(body)
 
     # ---- inference ---------------------------------------------------------------------------

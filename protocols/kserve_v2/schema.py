@@ -13,6 +13,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
+from server.http.context import MINDIE_REQUEST_ID
+
 Dim = Annotated[int, Field(strict=True, ge=0)]
 
 
@@ -53,11 +55,12 @@ class InferRequest(BaseModel):
 
 
 class StopInferRequest(BaseModel):
-    """MindIE: the id a running Triton/MindIE request was given."""
+    """MindIE: the id a running Triton/MindIE request was given (documents the body;
+    `translate.stop_infer_id` checks it with MindIE's messages)."""
 
     model_config = ConfigDict(extra="allow")
 
-    id: StrictStr = Field(min_length=1, max_length=256)
+    id: StrictStr = Field(pattern=MINDIE_REQUEST_ID)
 
 
 # OpenAPI body of the generate extension: inputs by name at the top level, dynamic keys.

@@ -21,11 +21,13 @@ Choices (documented where clients see them):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from protocols.kserve_v2 import tensors
+from protocols.kserve_v2.errors import StopInferInvalid
 from protocols.kserve_v2.models import (
     EXTRA_FLAGS,
     INPUT_SPECS,
@@ -53,7 +55,7 @@ from server.core.types import (
     TokenPrompt,
 )
 from server.http import jsonio
-from server.http.context import RequestBounds
+from server.http.context import MINDIE_REQUEST_ID, RequestBounds
 
 TEXT_MAX_TOKENS = 16
 TOKEN_MAX_NEW_TOKENS = 20
@@ -433,6 +435,30 @@ def _parameter(name: str, value: object, prefix: str) -> object:
         f"{prefix}parameter '{name}' has invalid type. It should be either 'int', 'bool', "
         "'float', 'string' or a list of them."
     )
+
+
+# ---- MindIE's stopInfer -------------------------------------------------------------------------
+def stop_infer_id(raw: bytes) -> tuple[str, object]:
+    """(id, decoded body) of a stopInfer body, checked as MindIE does with its messages
+    (`SingleReqInferInterfaceBase::Stop`); StopInferInvalid (its 422) otherwise."""
+    try:
+        body = jsonio.loads(raw)
+    except jsonio.JSONDecodeError:
+        raise StopInferInvalid("Failed to parse context to json body.") from None
+    if not isinstance(body, dict) or "id" not in body:
+        raise StopInferInvalid("Not found id.", param="id")
+    stop_id = body["id"]
+    if stop_id is None:
+        raise StopInferInvalid("id must not be null.", param="id")
+    if not isinstance(stop_id, str):
+        raise StopInferInvalid("id must be string type.", param="id")
+    if not re.fullmatch(MINDIE_REQUEST_ID, stop_id):
+        raise StopInferInvalid(
+            "The id can contain only digits, letters, underscores(_), hyphens(-) and no more than "
+            "256 words in length.",
+            param="id",
+        )
+    return stop_id, body
 
 
 # ---- the response side -------------------------------------------------------------------------

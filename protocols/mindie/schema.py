@@ -12,12 +12,12 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
+from server.http.context import MINDIE_REQUEST_ID
 from server.http.routes import EMBEDS
 
 Unsigned = Annotated[int, Field(strict=True, ge=0)]
 Signed = Annotated[int, Field(strict=True)]
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
-REQUEST_ID_PATTERN = r"^[a-zA-Z0-9_-]{1,256}$"
 
 
 class InferParameters(BaseModel):
@@ -40,7 +40,7 @@ class InferParameters(BaseModel):
 class InferRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    id: Annotated[StrictStr, Field(pattern=REQUEST_ID_PATTERN)] | None = None
+    id: Annotated[StrictStr, Field(pattern=MINDIE_REQUEST_ID)] | None = None
     stream: StrictBool | None = None
     parameters: InferParameters | None = None
 

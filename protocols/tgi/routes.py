@@ -2,6 +2,8 @@
 
 `/generate` and `/tokenize` are shared paths: TGI's routes are their defaults, bodies with
 `prompt` (MindIE's vLLM flavour, vLLM's tokenize) or `messages` go to the other protocols.
+With `ProtocolConfig.tgiCompat`, SageMaker's `/invocations` bodies with a string `inputs` are
+TGI's too (`POST /`'s answer); otherwise DJL's `/invocations` answers them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from server.http.streaming import EventStreamAnswer, sse_event
 
 COMPUTE_TYPE = "vllm"
 NAME = "tgi"
+SAGEMAKER_ADAPTER_HEADER = "x-amzn-sagemaker-adapter-identifier"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,12 +52,17 @@ async def _read(ctx: ProtocolContext, request: Request) -> GenerateRequest:
 
 
 def _prepare(
-    ctx: ProtocolContext, request: Request, body: GenerateRequest, *, stream: bool
+    ctx: ProtocolContext, request: Request, body: GenerateRequest, *, stream: bool,
+    full_text: bool = False, adapter: str | None = None,
 ) -> _Prepared:
-    """Validate and plan; the prompt is tokenized and fitted after admission (`fit`)."""
+    """Validate and plan; the prompt is tokenized and fitted after admission (`fit`).
+    `adapter`, when given, wins over `parameters.adapter_id`."""
     started_at = time.perf_counter()
     limits = _limits(ctx)
-    plan = translate.plan(body, limits, stream=stream, defaults=ctx.service.defaults())
+    plan = translate.plan(
+        body, limits, stream=stream, defaults=ctx.service.defaults(), full_text=full_text,
+        adapter=adapter,
+    )
     _check_adapter(ctx, plan.adapter)
     request_id = request_id_header(request) or current_request_id()
     gen = translate.to_generation_request(plan, request_id=request_id)
@@ -179,18 +187,43 @@ def generate_stream(ctx: ProtocolContext) -> Endpoint:
     return endpoint
 
 
+async def _compat(
+    ctx: ProtocolContext, request: Request, adapter: str | None = None
+) -> Answer:
+    body = await _read(ctx, request)
+    prepared = _prepare(
+        ctx, request, body, stream=bool(body.stream), full_text=True, adapter=adapter
+    )
+    if prepared.plan.stream:
+        return await _stream(ctx, prepared)
+    result, headers = await until_disconnect(request, _run(ctx, prepared))
+    return json_response([result], headers=headers)
+
+
 def compat(ctx: ProtocolContext) -> Endpoint:
-    """TGI `POST /`: a one-element list, or the `/generate_stream` events when `stream` is true."""
+    """TGI `POST /`: a one-element list, or the `/generate_stream` events when `stream` is true.
+    An omitted `return_full_text` is true: TGI's default for a text-generation model."""
 
     async def endpoint(request: Request) -> Answer:
-        body = await _read(ctx, request)
-        prepared = _prepare(ctx, request, body, stream=bool(body.stream))
-        if prepared.plan.stream:
-            return await _stream(ctx, prepared)
-        result, headers = await until_disconnect(request, _run(ctx, prepared))
-        return json_response([result], headers=headers)
+        return await _compat(ctx, request)
 
     return endpoint
+
+
+def invocations(ctx: ProtocolContext) -> Endpoint:
+    """SageMaker `/invocations` with a TGI body: TGI's `POST /` (`sagemaker.rs`). SageMaker's
+    adapter header, when sent, names the adapter (as vLLM reads it) over `adapter_id`."""
+
+    async def endpoint(request: Request) -> Answer:
+        return await _compat(ctx, request, request.headers.get(SAGEMAKER_ADAPTER_HEADER))
+
+    return endpoint
+
+
+def tgi_body(data: object) -> bool:
+    """A TGI body on the shared `/invocations`: a string `inputs` and no DJL `adapters` (DJL's
+    bodies, a list of inputs or adapters named per input, stay DJL's)."""
+    return isinstance(data, dict) and isinstance(data.get("inputs"), str) and "adapters" not in data
 
 
 def tokenize(ctx: ProtocolContext) -> Endpoint:
@@ -246,6 +279,10 @@ def routes(ctx: ProtocolContext) -> list[Route]:
     body = GenerateRequest
     out.post("/", compat(ctx),
              doc=Doc(summary="Generate, streamed when `stream` is true", body=body, streams=True))
+    if ctx.tgi_compat:  # ProtocolConfig.tgiCompat (DJL's option.tgi_compat)
+        out.post("/invocations", invocations(ctx), claim=tgi_body,
+                 doc=Doc(summary="SageMaker: TGI (string `inputs`, tgiCompat)", body=body,
+                         streams=True))
     out.post("/generate", generate(ctx), doc=Doc(summary="TGI generate", body=body))
     out.post("/generate_stream", generate_stream(ctx),
              doc=Doc(summary="Generate as SSE", body=body, streams=True))

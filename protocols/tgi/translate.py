@@ -52,6 +52,7 @@ from server.http.streaming import token_pieces
 TGI_MAX_BEST_OF = 2
 TGI_MAX_STOP_SEQUENCES = 4
 TGI_MAX_TOP_N_TOKENS = 5
+TGI_GENERATION_CHUNK = 1024  # validation.rs DEFAULT_GENERATION_LENGTH: what the check counts
 NO_DEFAULTS = SamplingDefaults()
 DEFAULTED = ("temperature", "top_p", "top_k", "repetition_penalty", "frequency_penalty")
 
@@ -108,9 +109,14 @@ def plan(
     *,
     stream: bool,
     defaults: SamplingDefaults = NO_DEFAULTS,
+    full_text: bool = False,
+    adapter: str | None = None,
 ) -> Plan:
     """Validate the parameters (TGI's checks that need no tokenizer) and decide the sampling;
-    what the request leaves out takes the model's `defaults`."""
+    what the request leaves out takes the model's `defaults`. `full_text` is what an omitted
+    `return_full_text` means: false on `/generate*`; on `POST /` (and SageMaker's
+    `/invocations`) TGI's pipeline default, true for a text-generation model (`server.rs`).
+    `adapter` (SageMaker's header) wins over `parameters.adapter_id`."""
     p = body.parameters if body.parameters is not None else Parameters(do_sample=True)
     best_of = 1 if p.best_of is None else p.best_of
     sampling = _sampling_wanted(p)
@@ -124,7 +130,7 @@ def plan(
     wants_logprobs = top_n > 0 or details or best_of > 1
     return Plan(
         inputs=body.inputs,
-        adapter=p.adapter_id or "",
+        adapter=adapter or p.adapter_id or "",
         sampling=with_model_defaults(
             _to_sampling(p, sampling, best_of), defaults, omitted_fields(p, DEFAULTED),
             greedy=not sampling,
@@ -138,7 +144,7 @@ def plan(
         truncate=p.truncate,
         details=details,
         prefill=bool(p.decoder_input_details),
-        full_text=bool(p.return_full_text),
+        full_text=full_text if p.return_full_text is None else p.return_full_text,
         best_of=best_of,
         top_n=top_n,
         seed=p.seed,
@@ -304,22 +310,28 @@ def to_generation_request(plan: Plan, *, request_id: str) -> GenerationRequest:
 
 
 def fit_prompt(plan: Plan, limits: Limits) -> PromptFit:
-    """Apply `truncate` (keep the last tokens) and TGI's length checks to the tokenized prompt."""
+    """Apply `truncate` (keep the last tokens) and TGI's length checks to the tokenized prompt.
+
+    As TGI's router (`validation.rs`, `validate_input`): the prompt plus `min(max_new_tokens,
+    1024)` must fit `max_total_tokens` (its message names that smaller number). TGI then
+    generates in 1024-token rounds while the context has room; here a larger `max_new_tokens`
+    that passed the check generates until the context is full."""
 
     def fit(request: GenerationRequest, token_ids: Sequence[int]) -> GenerationRequest:
         ids = tuple(token_ids)
         if plan.truncate is not None and len(ids) > plan.truncate:
             ids = ids[len(ids) - plan.truncate :]
         input_length = len(ids)
+        room = max(limits.max_total_tokens - input_length, 0)
         max_new = plan.max_new_tokens
         if max_new is None:
-            room = max(limits.max_total_tokens - input_length, 0)
             default = plan.default_max_new_tokens
             max_new = room if default is None else min(room, default)
-        if input_length + max_new > limits.max_total_tokens:
+        checked = min(max_new, TGI_GENERATION_CHUNK)
+        if input_length + checked > limits.max_total_tokens:
             raise invalid(
                 f"`inputs` tokens + `max_new_tokens` must be <= {limits.max_total_tokens}. "
-                f"Given: {input_length} `inputs` tokens and {max_new} `max_new_tokens`",
+                f"Given: {input_length} `inputs` tokens and {checked} `max_new_tokens`",
                 "max_new_tokens",
             )
         if input_length > limits.max_input_tokens:
@@ -327,7 +339,7 @@ def fit_prompt(plan: Plan, limits: Limits) -> PromptFit:
                 f"`inputs` must have less than {limits.max_input_tokens} tokens. "
                 f"Given: {input_length}"
             )
-        sampling = replace(request.sampling, max_new_tokens=max_new)
+        sampling = replace(request.sampling, max_new_tokens=min(max_new, room))
         return replace(request, prompt=TokenPrompt(ids), sampling=sampling)
 
     return fit

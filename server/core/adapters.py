@@ -46,9 +46,9 @@ from server.core.engine import Engine
 from server.core.errors import (
     AdapterCapacity,
     AdapterExists,
+    AdapterInvalid,
     AdapterNotFound,
     GatewayError,
-    InvalidRequest,
     LoraDisabled,
     Overloaded,
 )
@@ -532,4 +532,4 @@ class AdapterRegistry:
 
 def _check_pin_options(*, preload: bool, pin: bool) -> None:
     if pin and not preload:
-        raise InvalidRequest("Can not set preload to false and pin to true", param="pin")
+        raise AdapterInvalid("Can not set preload to false and pin to true", param="pin")

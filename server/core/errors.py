@@ -60,7 +60,8 @@ class RequestNotFound(GatewayError):
 
 
 class AdapterInvalid(InvalidRequest):
-    """The adapter files are unusable: bad path, config, rank, weights. The engine never saw it."""
+    """The adapter cannot be loaded as given: bad path, config, rank or weights, options that
+    contradict each other (pin without preload), or the engine refused it."""
 
     error_type = "adapter_invalid"
 

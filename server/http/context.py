@@ -12,6 +12,8 @@ from server.core.service import InferenceService
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 MAX_REQUEST_ID = 256  # a longer X-Request-Id is replaced, not echoed
+# The ids MindIE accepts for a request's `id` and for stopInfer (its std::regex, whole string).
+MINDIE_REQUEST_ID = r"^[a-zA-Z0-9_-]{1,256}$"
 _PREFIX = secrets.token_hex(8)
 _COUNTER = itertools.count(1)
 
@@ -56,3 +58,5 @@ class ProtocolContext:
     server_version: str = "0.1.0"
     created: int = 0  # server start, seconds since the epoch
     allow_runtime_lora: bool = True
+    lmi_rolling_batch: bool = False  # DJL answers in LMI's legacy rolling-batch schema
+    tgi_compat: bool = False  # SageMaker /invocations with a string `inputs` is TGI's

@@ -121,6 +121,8 @@ ALIASES: Final[dict[str, tuple[str, ...]]] = {
     "LimitsConfig.maxStopSequences": ("limits.max_stop_sequences",),
     "LimitsConfig.maxLogprobs": ("limits.max_logprobs",),
     "LimitsConfig.maxPromptsPerRequest": ("limits.max_prompts_per_request",),
+    "ProtocolConfig.rollingBatch": ("protocols.rolling_batch",),
+    "ProtocolConfig.tgiCompat": ("protocols.tgi_compat",),
     "SecurityConfig.apiKeys": ("security.api_keys",),
     "SecurityConfig.adminKeys": ("security.admin_keys",),
     "LoggingConfig.level": ("logging.level",),
@@ -168,6 +170,8 @@ DJL_OPTIONS: Final[dict[str, str]] = {
     "distributed_executor_backend": "ModelConfig.distributedExecutorBackend",
     "tool_call_parser": "ModelConfig.toolCallParser",
     "reasoning_parser": "ModelConfig.reasoningParser",
+    "rolling_batch": "ProtocolConfig.rollingBatch",
+    "tgi_compat": "ProtocolConfig.tgiCompat",
 }
 ENGINE_OPTIONS = "ModelConfig.engineOptions"
 SECRET_KEYS = frozenset(

@@ -139,6 +139,16 @@ class LimitsSettings(_Section):
     max_prompts_per_request: int = Field(64, ge=1)
 
 
+class ProtocolSettings(_Section):
+    """Switches that pick one anchor's variant where protocols share a shape (DJL's names)."""
+
+    # DJL option.rolling_batch: "auto" is LMI's async mode and its output schema (LMI's default);
+    # "vllm" (or "lmi-dist", which DJL maps to vllm) is the legacy rolling-batch schema
+    rolling_batch: Literal["auto", "vllm", "lmi-dist"] = "auto"
+    # DJL option.tgi_compat: SageMaker /invocations bodies with a string `inputs` answered by TGI
+    tgi_compat: bool = False
+
+
 class SecuritySettings(_Section):
     api_keys: list[str] = Field(default_factory=list)  # bearer keys for inference routes
     admin_keys: list[str] = Field(default_factory=list)  # bearer keys for management routes
@@ -157,6 +167,7 @@ class Settings(_Section):
     model: ModelSettings = Field(default_factory=ModelSettings)
     lora: LoraSettings = Field(default_factory=LoraSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    protocols: ProtocolSettings = Field(default_factory=ProtocolSettings)
     security: SecuritySettings = Field(default_factory=SecuritySettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     base_dir: str = "."  # where relative paths start; set by the loader

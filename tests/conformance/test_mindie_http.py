@@ -142,6 +142,42 @@ def test_infer_stream_is_cancelled_by_its_id(
     assert final["details"]["generated_tokens"] < 400
 
 
+MINDIE_ID_RULE = (
+    "The id can contain only digits, letters, underscores(_), hyphens(-) and no more than 256 "
+    "words in length."
+)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'{"id": "req.1"}', MINDIE_ID_RULE),
+        (b'{"id": "a b"}', MINDIE_ID_RULE),
+        (json.dumps({"id": "x" * 257}).encode(), MINDIE_ID_RULE),
+        (b'{"id": ""}', MINDIE_ID_RULE),
+        (b'{"id": 7}', "id must be string type."),
+        (b'{"other": "x"}', "Not found id."),
+        (b"{not json", "Failed to parse context to json body."),
+    ],
+)
+def test_stop_infer_refuses_ids_outside_mindies_pattern_with_422(
+    http: httpx.Client, content: bytes, message: str
+) -> None:
+    """What `curl -X POST …/stopInfer -H 'Content-Type: application/json' -d '<body>'` gets."""
+    response = http.post(
+        "/v2/models/tiny/stopInfer", content=content,
+        headers={"content-type": "application/json"},
+    )
+    assert assert_mindie_error(response, 422, "Input Validation Error") == message
+    assert post(http, "/infer", {"inputs": PROMPT, "parameters": {"max_new_tokens": 2}})
+
+
+def test_stop_infer_with_a_well_formed_unknown_id_is_mindies_404(http: httpx.Client) -> None:
+    response = http.post("/v2/models/tiny/stopInfer", json={"id": "no-such_request-9"})
+    message = assert_mindie_error(response, 404, "NotFoundError")
+    assert message == "RequestId is no-such_request-9 not found."
+
+
 # ---- /v1/tokenizer -------------------------------------------------------------------------
 
 

@@ -62,10 +62,15 @@ def assert_validation_error(response: httpx.Response, status: int = 422) -> str:
 # ---- official clients ----------------------------------------------------------------------
 
 
-def test_hub_client_generates_text(hub: InferenceClient, http: httpx.Client) -> None:
-    text = hub.text_generation(PROMPT, max_new_tokens=8)
-    assert isinstance(text, str) and text
-    assert text == generate(http, max_new_tokens=8)["generated_text"]
+def test_hub_client_gets_the_full_text_by_default_as_from_tgi(
+    hub: InferenceClient, http: httpx.Client
+) -> None:
+    """The hub client posts to `POST /`, where TGI defaults `return_full_text` to true for a
+    text-generation model (server.rs `compat_generate`); `/generate` defaults it to false."""
+    plain = generate(http, max_new_tokens=8)["generated_text"]
+    assert plain
+    assert hub.text_generation(PROMPT, max_new_tokens=8) == PROMPT + plain
+    assert hub.text_generation(PROMPT, max_new_tokens=8, return_full_text=False) == plain
 
 
 def test_hub_client_details_list_every_token(hub: InferenceClient) -> None:
@@ -82,21 +87,21 @@ def test_hub_client_stream_joins_to_the_non_streamed_text(hub: InferenceClient) 
     full = hub.text_generation(PROMPT, max_new_tokens=12)
     pieces = list(hub.text_generation(PROMPT, max_new_tokens=12, stream=True))
     assert len(pieces) <= 12
-    assert "".join(pieces) == full
+    assert PROMPT + "".join(pieces) == full  # tokens are the new text; the full text has the prompt
 
 
 def test_hub_client_stream_details_end_with_generated_text(hub: InferenceClient) -> None:
     outputs = list(hub.text_generation(PROMPT, max_new_tokens=5, stream=True, details=True))
     assert all(o.generated_text is None for o in outputs[:-1])
     last = outputs[-1]
-    assert last.generated_text == "".join(o.token.text for o in outputs)
+    assert last.generated_text == PROMPT + "".join(o.token.text for o in outputs)
     assert last.details is not None and last.details.generated_tokens == len(outputs)
 
 
 def test_adapter_id_runs_the_lora_like_the_openai_route(
     hub: InferenceClient, http: httpx.Client
 ) -> None:
-    text = hub.text_generation(PROMPT, max_new_tokens=10, adapter_id="a1")
+    text = hub.text_generation(PROMPT, max_new_tokens=10, adapter_id="a1", return_full_text=False)
     completion = http.post(
         "/v1/completions",
         json={"model": "a1", "prompt": PROMPT, "max_tokens": 10, "temperature": 0},
@@ -120,6 +125,26 @@ def test_text_generation_client_generate_and_stream_agree(tgi: Client) -> None:
     assert tokens[-1].details.finish_reason == response.details.finish_reason
 
 
+def test_max_new_tokens_is_checked_as_tgis_router_does(
+    tgi: Client, hub: InferenceClient, http: httpx.Client
+) -> None:
+    """validation.rs: prompt + min(max_new_tokens, 1024) must fit the 512-token context; the
+    message names the tokens it counted."""
+    probe = http.post("/generate", json={"inputs": PROMPT, "parameters": {"max_new_tokens": 1}})
+    prompt_tokens = int(probe.headers["x-prompt-tokens"])
+    expected = (
+        "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 512. "
+        f"Given: {prompt_tokens} `inputs` tokens and 1024 `max_new_tokens`"
+    )
+    with pytest.raises(TgiValidationError) as caught:
+        tgi.generate(PROMPT, max_new_tokens=100_000)
+    assert str(caught.value) == expected
+    with pytest.raises(HubValidationError, match="and 600 `max_new_tokens`"):
+        hub.text_generation(PROMPT, max_new_tokens=600)
+    fits = tgi.generate(PROMPT, max_new_tokens=512 - prompt_tokens)
+    assert fits.details.generated_tokens <= 512 - prompt_tokens
+
+
 def test_text_generation_client_maps_server_validation(tgi: Client) -> None:
     with pytest.raises(TgiValidationError, match="stop sequences"):
         tgi.generate(PROMPT, max_new_tokens=4, stop_sequences=["a", "b", "c", "d", "e"])
@@ -129,12 +154,14 @@ def test_text_generation_client_maps_server_validation(tgi: Client) -> None:
 
 
 def test_generate_returns_an_object_and_compat_a_one_element_list(http: httpx.Client) -> None:
-    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 4}}
+    body: dict[str, Any] = {"inputs": PROMPT, "parameters": {"max_new_tokens": 4}}
     obj = http.post("/generate", json=body)
     listed = http.post("/", json=body)
     assert obj.status_code == listed.status_code == 200
-    assert listed.json() == [obj.json()]
     assert set(obj.json()) == {"generated_text"}
+    assert listed.json() == [{"generated_text": PROMPT + obj.json()["generated_text"]}]
+    body["parameters"]["return_full_text"] = False
+    assert http.post("/", json=body).json() == [obj.json()]
 
 
 def test_generate_sends_tgi_timing_headers(http: httpx.Client) -> None:
@@ -163,7 +190,9 @@ def test_compat_route_streams_when_asked(http: httpx.Client) -> None:
     body = {"inputs": PROMPT, "stream": True, "parameters": {"max_new_tokens": 4}}
     response = http.post("/", json=body)
     events = sse_events(response)
-    assert events[-1]["generated_text"] == generate(http, max_new_tokens=4)["generated_text"]
+    assert events[-1]["generated_text"] == PROMPT + generate(http, max_new_tokens=4)[
+        "generated_text"
+    ]
 
 
 def test_return_full_text_prepends_the_prompt(http: httpx.Client) -> None:
@@ -297,7 +326,8 @@ def test_the_engine_keeps_serving_after_bad_input(http: httpx.Client) -> None:
 
 def test_grammar_constrains_the_real_engine(hub: InferenceClient, http: httpx.Client) -> None:
     text = hub.text_generation(
-        "num", max_new_tokens=10, grammar={"type": "regex", "value": "[0-9]{3}"}
+        "num", max_new_tokens=10, grammar={"type": "regex", "value": "[0-9]{3}"},
+        return_full_text=False,
     )
     assert len(text) == 3 and text.isdigit()
     response = http.post(
@@ -310,3 +340,61 @@ def test_grammar_constrains_the_real_engine(hub: InferenceClient, http: httpx.Cl
     assert response.status_code == 422
     assert response.json()["error_type"] == "validation"
     assert generate(http, max_new_tokens=2)["generated_text"]
+
+
+# ---- SageMaker /invocations, on a server started with DJL's OPTION_TGI_COMPAT=true ------------
+
+
+@pytest.fixture(scope="module")
+def compat_server(djl_options_server: RunningServer) -> RunningServer:
+    return djl_options_server
+
+
+def test_invocations_with_tgi_compat_serves_text_generation_client(
+    compat_server: RunningServer,
+) -> None:
+    """text_generation.Client posts to its base URL and reads element 0 of TGI's list
+    (sagemaker.rs: /invocations with a generate body is POST /)."""
+    at_invocations = Client(compat_server.url + "/invocations", timeout=60)
+    at_root = Client(compat_server.url, timeout=60)
+    out = at_invocations.generate(PROMPT, max_new_tokens=8)
+    assert out.generated_text == at_root.generate(PROMPT, max_new_tokens=8).generated_text
+    assert out.details.generated_tokens == len(out.details.tokens)
+    tokens = list(at_invocations.generate_stream(PROMPT, max_new_tokens=8))
+    assert tokens[-1].generated_text == out.generated_text
+    assert "".join(t.token.text for t in tokens) == out.generated_text
+
+
+def test_invocations_with_tgi_compat_serves_the_hub_client_the_full_text(
+    compat_server: RunningServer,
+) -> None:
+    hub = InferenceClient(base_url=compat_server.url + "/invocations", timeout=60)
+    with httpx.Client(base_url=compat_server.url, timeout=60) as http:
+        plain = generate(http, max_new_tokens=8)["generated_text"]
+    assert hub.text_generation(PROMPT, max_new_tokens=8) == PROMPT + plain
+    assert "".join(hub.text_generation(PROMPT, max_new_tokens=8, stream=True)) == plain
+
+
+def test_invocations_with_tgi_compat_answers_tgis_list_and_errors(
+    compat_server: RunningServer,
+) -> None:
+    with httpx.Client(base_url=compat_server.url, timeout=60) as http:
+        body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 8}}
+        listed = http.post("/invocations", json=body)
+        assert listed.status_code == 200 and listed.headers["x-compute-type"] == "vllm"
+        assert listed.json() == http.post("/", json=body).json()
+        assert len(listed.json()) == 1
+        refused = http.post(
+            "/invocations", json={"inputs": PROMPT, "parameters": {"max_new_tokens": 100_000}}
+        )
+        assert "and 1024 `max_new_tokens`" in assert_validation_error(refused)
+        lmi = http.post("/invocations", json={**body, "adapters": "a1"})  # DJL's body stays DJL's
+        assert lmi.status_code == 200 and isinstance(lmi.json(), dict)
+        with_header = http.post(
+            "/invocations", json=body, headers={"X-Amzn-SageMaker-Adapter-Identifier": "a1"}
+        )
+        by_adapter_id = http.post(
+            "/invocations",
+            json={"inputs": PROMPT, "parameters": {"max_new_tokens": 8, "adapter_id": "a1"}},
+        )
+        assert with_header.json() == by_adapter_id.json() != listed.json()

@@ -376,8 +376,9 @@ BAD_POSTS: list[tuple[str, Any, dict[str, str], int, str]] = [
      {"text_input": "x", "stream": True, "exclude_input_in_output": False},
      {}, 400, "exclude_input_in_output"),
     ("/v2/models/tiny/versions/7/generate_stream", {"text_input": "x"}, {}, 404, "version 7"),
-    ("/v2/models/tiny/stopInfer", b"not json", {}, 400, "not valid JSON"),
-    ("/v2/models/tiny/stopInfer", {"id": 5}, {}, 400, "id"),
+    # stopInfer is MindIE's own route: its 422 (single_req_infer_interface_base.cpp)
+    ("/v2/models/tiny/stopInfer", b"not json", {}, 422, "Failed to parse context to json"),
+    ("/v2/models/tiny/stopInfer", {"id": 5}, {}, 422, "id must be string type."),
     ("/v2/models/nope/stopInfer", {"id": "x"}, {}, 404, "unknown model: 'nope'"),
 ]
 

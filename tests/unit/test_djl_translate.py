@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from protocols.djl import errors, translate
+from protocols.djl import errors, responses, translate
 from protocols.djl.schema import AdapterForm, LmiParameters, LmiRequest
 from server.core.errors import (
     AdapterCapacity,
@@ -363,12 +363,49 @@ def result(*choices: Choice) -> GenerationResult:
                             choices=choices, usage=Usage(prompt_tokens=2, completion_tokens=2))
 
 
-def test_single_input_answers_an_object_and_details_follow_lmi() -> None:
-    plan = translate.to_plan(
-        lmi({"inputs": "hi", "parameters": {"details": True, "return_full_text": True}}),
-        request_id="r", models=[""], bounds=BOUNDS,
-    )
-    out = translate.to_response(result(choice(0, " there", (7, 8))), plan)
+def plan_of(body: dict[str, Any], *, legacy: bool, models: tuple[str, ...] = ("",)
+            ) -> translate.Plan:
+    return translate.to_plan(lmi(body), request_id="r", models=list(models), bounds=BOUNDS,
+                             legacy=legacy)
+
+
+DETAILED = {"inputs": "hi", "parameters": {"details": True, "return_full_text": True, "seed": 5}}
+
+
+def test_async_schema_is_the_default_object_with_lmis_async_details() -> None:
+    """request_response_utils.py convert_completion_response_to_lmi_schema."""
+    plan = translate.to_plan(lmi(DETAILED), request_id="r", models=[""], bounds=BOUNDS)
+    out = responses.to_response(result(choice(0, " there", (7, 8))), plan)
+    assert out == {
+        "generated_text": "hi there",
+        "details": {
+            "finish_reason": "length", "generated_tokens": 2, "seed": 5, "prefill": [],
+            "tokens": [{"id": 7, "text": "t7", "logprob": -0.5},
+                       {"id": 8, "text": "t8", "logprob": -0.5}],
+        },
+    }
+    plain = responses.to_response(result(choice(0, "x", (7,))), plan_of({"inputs": "hi"},
+                                                                          legacy=False))
+    assert plain == {"generated_text": "x"}
+
+
+def test_async_prefill_leaves_out_the_first_prompt_token() -> None:
+    body = {"inputs": "hi", "parameters": {"details": True, "decoder_input_details": True}}
+    prompt = Started(prompt_token_ids=(1, 9), prompt_logprobs=(
+        None, TokenLogprob(token_id=9, token="x", logprob=-2.0)))
+    done = GenerationResult(request_id="r", model="", prompts=(prompt,),
+                            choices=(choice(0, "a", (7,)),),
+                            usage=Usage(prompt_tokens=2, completion_tokens=1))
+    details = responses.to_response(done, plan_of(body, legacy=False), ["<s>", "hi"])
+    legacy = responses.to_response(done, plan_of(body, legacy=True), ["<s>", "hi"])
+    assert isinstance(details, dict) and isinstance(legacy, dict)
+    assert details["details"]["prefill"] == [{"id": 9, "text": "hi", "logprob": -2.0}]
+    assert legacy["details"]["prefill"] == [{"id": 1, "text": "<s>", "log_prob": None},
+                                            {"id": 9, "text": "hi", "log_prob": -2.0}]
+
+
+def test_rolling_batch_schema_answers_lmis_legacy_details() -> None:
+    out = responses.to_response(result(choice(0, " there", (7, 8))), plan_of(DETAILED, legacy=True))
     assert out == {
         "generated_text": "hi there",
         "details": {
@@ -379,40 +416,75 @@ def test_single_input_answers_an_object_and_details_follow_lmi() -> None:
     }
 
 
-def test_list_of_inputs_answers_one_object_per_input_in_order() -> None:
-    plan = translate.to_plan(lmi({"inputs": ["a", "b"]}), request_id="r", models=["", "a1"],
-                             bounds=BOUNDS)
-    out = translate.to_response(result(choice(1, "B", (2,)), choice(0, "A", (1,))), plan)
+@pytest.mark.parametrize("legacy", [False, True])
+def test_list_of_inputs_answers_one_object_per_input_in_order(legacy: bool) -> None:
+    plan = plan_of({"inputs": ["a", "b"]}, legacy=legacy, models=("", "a1"))
+    out = responses.to_response(result(choice(1, "B", (2,)), choice(0, "A", (1,))), plan)
     assert out == [{"generated_text": "A"}, {"generated_text": "B"}]
 
 
 @pytest.mark.parametrize(
-    ("reason", "stop", "expected"),
-    [(FinishReason.LENGTH, None, "length"), (FinishReason.STOP, None, "eos_token"),
-     (FinishReason.STOP, "END", "stop_sequence"), (FinishReason.STOP, 2, "eos_token"),
-     (FinishReason.ABORT, None, "abort")],
+    ("reason", "stop", "legacy", "async_"),
+    [(FinishReason.LENGTH, None, "length", "length"),
+     (FinishReason.STOP, None, "eos_token", "stop"),
+     (FinishReason.STOP, "END", "stop_sequence", "stop"),
+     (FinishReason.STOP, 2, "eos_token", "stop"),
+     (FinishReason.ABORT, None, "abort", "abort")],
 )
-def test_finish_reasons(reason: FinishReason, stop: str | int | None, expected: str) -> None:
-    assert translate.finish_reason(reason, stop) == expected
+def test_finish_reasons_per_schema(
+    reason: FinishReason, stop: str | int | None, legacy: str, async_: str
+) -> None:
+    done = result(choice(0, "x", (7,), reason, stop))
+    for is_legacy, expected in ((True, legacy), (False, async_)):
+        out = responses.to_response(done, plan_of({"inputs": "hi", "parameters": {
+            "details": True}}, legacy=is_legacy))
+        assert isinstance(out, dict) and out["details"]["finish_reason"] == expected
 
 
-def test_stream_lines_put_text_on_the_last_token_and_close_with_generated_text() -> None:
-    plan = translate.to_plan(
-        lmi({"inputs": "hi", "stream": True, "parameters": {"details": True}}), request_id="r",
-        models=[""], bounds=BOUNDS,
-    )
-    encoder = translate.StreamEncoder(plan)
+def stream(legacy: bool, **parameters: Any) -> responses.StreamEncoder:
+    plan = plan_of({"inputs": "hi", "stream": True, "parameters": parameters}, legacy=legacy)
+    encoder = responses.StreamEncoder(plan)
+    encoder.started(Started(prompt_token_ids=(1, 2, 3)))
+    return encoder
+
+
+def lines_of(encoder: responses.StreamEncoder) -> list[bytes]:
     first = list(encoder.lines(Delta(choice=0, text="ab", token_ids=(1, 2))))
     last = list(encoder.lines(Delta(choice=0, text="c", token_ids=(3,), finish=FinishReason.STOP)))
-    lines = [json.loads(x) for x in first + last]
+    return first + last
+
+
+def test_async_stream_lines_carry_index_logprob_and_nulls_until_the_end() -> None:
+    """request_response_utils.py convert_completion_chunk_response_to_lmi_schema."""
+    raw = lines_of(stream(False, details=True, seed=4, return_full_text=True))
+    lines = [json.loads(x) for x in raw]
+    assert all(x.endswith(b"\n") and x.count(b"\n") == 1 for x in raw)
+    assert lines[0] == {"index": 0, "token": {"id": 1, "text": "", "logprob": None},
+                        "generated_text": None, "details": None}
     assert [line["token"]["text"] for line in lines] == ["", "ab", "c"]
-    assert all(x.endswith(b"\n") and x.count(b"\n") == 1 for x in first + last)
+    assert lines[-1]["generated_text"] == "hiabc"
+    assert lines[-1]["details"] == {"finish_reason": "stop", "seed": 4, "generated_tokens": 3,
+                                    "input_length": 3}
+    plain = [json.loads(x) for x in lines_of(stream(False))]
+    assert plain[-1]["details"] is None and plain[-1]["generated_text"] == "abc"
+
+
+def test_rolling_batch_stream_lines_put_text_on_the_last_token() -> None:
+    lines = [json.loads(x) for x in lines_of(stream(True, details=True))]
+    assert [line["token"]["text"] for line in lines] == ["", "ab", "c"]
+    assert lines[0] == {"token": {"id": 1, "text": "", "log_prob": None}}
     assert lines[-1]["generated_text"] == "abc"
     assert lines[-1]["details"] == {"finish_reason": "eos_token", "generated_tokens": 3,
                                     "inputs": "hi"}
-    assert "generated_text" not in lines[0]
-    error = json.loads(encoder.error("boom", 424))
-    assert error["details"] == {"finish_reason": "error"} and error["error"] == "boom"
+
+
+def test_a_stream_error_is_the_schemas_error_line() -> None:
+    legacy = json.loads(stream(True).error("boom", 424))
+    assert legacy["details"] == {"finish_reason": "error"} and legacy["error"] == "boom"
+    assert json.loads(stream(False).error("boom", 424)) == {"error": {
+        "message": "boom", "type": "InternalServerError", "param": None, "code": 500}}
+    gone = json.loads(stream(False).error("draining", 503))
+    assert (gone["error"]["type"], gone["error"]["code"]) == ("ServiceUnavailableError", 503)
 
 
 # ---- error tables ----------------------------------------------------------------------------
@@ -420,7 +492,7 @@ def test_stream_lines_put_text_on_the_last_token_and_close_with_generated_text()
 @pytest.mark.parametrize(
     ("exc", "status", "java_type"),
     [(InvalidRequest("x"), 400, "BadRequestException"),
-     (AdapterInvalid("x"), 400, "BadRequestException"),
+     (AdapterInvalid("x"), 424, "BadRequestException"),  # the handler failed (DJL's 424)
      (LoraDisabled("LoRA is not enabled."), 400, "BadRequestException"),
      (AdapterNotFound("x"), 404, "BadRequestException"),
      (AdapterExists("x"), 409, "IllegalArgumentException"),
@@ -460,6 +532,54 @@ async def gw() -> AsyncIterator[Any]:
 
     await register_startup_adapters(gateway)
     yield gateway
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("rolling_batch", "detail_keys", "token_keys"),
+    [("auto", {"finish_reason", "generated_tokens", "seed", "prefill", "tokens"},
+      {"id", "text", "logprob"}),
+     ("vllm", {"finish_reason", "generated_tokens", "inputs", "tokens"},
+      {"id", "text", "log_prob"})],
+)
+async def test_the_lmi_schema_follows_rolling_batch(
+    rolling_batch: str, detail_keys: set[str], token_keys: set[str]
+) -> None:
+    gateway = make_gateway(overrides={"ProtocolConfig": {"rollingBatch": rolling_batch}})
+    body = {"inputs": "a b", "parameters": {"max_new_tokens": 3, "details": True}}
+    async with client(gateway, "data") as http:
+        answer = (await http.post("/invocations", json=body)).json()
+        streamed = await http.post("/predictions/tiny", json={**body, "stream": True})
+    assert set(answer["details"]) == detail_keys
+    assert all(set(t) == token_keys for t in answer["details"]["tokens"])
+    lines = [json.loads(line) for line in streamed.text.splitlines()]
+    assert all(set(line["token"]) == token_keys for line in lines)
+    assert lines[-1]["generated_text"] == answer["generated_text"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("params", "status", "words"),
+    [({"src": "/nowhere/a9"}, 424, "outside the allowed adapter roots"),
+     ({"src": "{demo}/test-adapters/nope"}, 424, "not a directory"),
+     ({"src": "{demo}/test-adapters/a4", "preload": "false", "pin": "true"}, 424,
+      "Can not set preload to false and pin to true"),
+     ({"src": ""}, 400, "The parameter src is required"),
+     ({"src": "{demo}/test-adapters/a4", "name": "bad name!"}, 400, "Invalid adapter name")],
+)
+async def test_a_registration_the_handler_refuses_is_djls_424(
+    gw: Any, params: dict[str, str], status: int, words: str
+) -> None:
+    """adapter_manager_mixin.py answers code 424 for what register_adapter refuses; the Java
+    front's own checks (required parameters) stay 400."""
+    query = {"name": "a9", **{k: v.format(demo=DEMO) for k, v in params.items()}}
+    async with client(gw, "management") as http:
+        response = await http.post("/models/tiny/adapters", params=query)
+        assert response.status_code == status
+        body = response.json()
+        assert (body["code"], body["type"]) == (status, "BadRequestException")
+        assert words in body["message"]
+        assert (await http.get("/adapters/a9")).status_code == 404
 
 
 @pytest.mark.anyio

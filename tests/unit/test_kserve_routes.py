@@ -434,8 +434,9 @@ async def test_stop_infer_unknown_id_is_mindie_404(app: App) -> None:
     r = await app.client.post("/v2/models/tiny/stopInfer", json={"id": "ghost"})
     assert r.status_code == 404
     assert r.json() == {"error": "RequestId is ghost not found.", "error_type": "NotFoundError"}
-    r = await app.client.post("/v2/models/tiny/stopInfer", json={"id": 3})
-    assert r.status_code == 400
+    r = await app.client.post("/v2/models/tiny/stopInfer", json={"id": "bad.id"})
+    assert r.status_code == 422  # MindIE's pattern (single_req_infer_interface_base.cpp)
+    assert r.json()["error_type"] == "Input Validation Error"
 
 
 async def test_get_slot_count_shape(app: App) -> None:

@@ -33,6 +33,7 @@ from protocols.kserve_v2.translate import (
     output_plan,
     response_header,
     select_outputs,
+    stop_infer_id,
     text_call,
     text_outputs,
 )
@@ -712,6 +713,43 @@ def test_overload_says_when_to_retry_and_stop_infer_404_is_mindie_shaped() -> No
     body = json.loads(errors.render(RequestNotFound("RequestId is q not found.")).body)
     assert body == {"error": "RequestId is q not found.", "error_type": "NotFoundError"}
     assert errors.stream_error(EngineError("boom")) == b'data: {"error":"boom"}\n\n'
+
+
+# ---- MindIE's stopInfer body ---------------------------------------------------------------------
+@pytest.mark.parametrize("stop_id", ["a", "req-1_B", "x" * 256])
+def test_stop_infer_takes_ids_of_mindies_pattern_and_keeps_the_body(stop_id: str) -> None:
+    raw = json.dumps({"id": stop_id, "extra": [1]}).encode()
+    assert stop_infer_id(raw) == (stop_id, {"id": stop_id, "extra": [1]})
+
+
+PATTERN_MESSAGE = (
+    "The id can contain only digits, letters, underscores(_), hyphens(-) and no more than 256 "
+    "words in length."
+)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"", "Failed to parse context to json body."),
+        (b"{not json", "Failed to parse context to json body."),
+        (b"[1]", "Not found id."),
+        (b"{}", "Not found id."),
+        (b'{"id": null}', "id must not be null."),
+        (b'{"id": 5}', "id must be string type."),
+        (b'{"id": ""}', PATTERN_MESSAGE),
+        (b'{"id": "req.1"}', PATTERN_MESSAGE),
+        (b'{"id": "a b"}', PATTERN_MESSAGE),
+        (b'{"id": "ok\\n"}', PATTERN_MESSAGE),
+        (json.dumps({"id": "x" * 257}).encode(), PATTERN_MESSAGE),
+    ],
+)
+def test_bad_stop_infer_bodies_are_mindies_422_with_its_messages(raw: bytes, message: str) -> None:
+    with pytest.raises(errors.StopInferInvalid) as caught:
+        stop_infer_id(raw)
+    response = errors.render(caught.value)
+    assert response.status_code == 422
+    assert json.loads(response.body) == {"error": message, "error_type": "Input Validation Error"}
 
 
 def test_stats_book_phases_and_failures() -> None:

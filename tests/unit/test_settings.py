@@ -116,6 +116,32 @@ def test_djl_options_map_onto_engine_settings(tmp_path: Path) -> None:
     assert settings.engine == "fake"
 
 
+@pytest.mark.parametrize(
+    ("properties", "environ", "rolling_batch", "tgi_compat"),
+    [
+        ("", {}, "auto", False),  # LMI's default: async mode
+        ("option.rolling_batch=vllm\n", {}, "vllm", False),
+        ("option.rolling_batch=lmi-dist\noption.tgi_compat=true\n", {}, "lmi-dist", True),
+        ("", {"OPTION_ROLLING_BATCH": "vllm", "OPTION_TGI_COMPAT": "true"}, "vllm", True),
+        ("option.rolling_batch=vllm\n", {"OPTION_ROLLING_BATCH": "auto"}, "auto", False),
+    ],
+)
+def test_djl_protocol_switches_come_from_djl_options(
+    tmp_path: Path, properties: str, environ: dict[str, str], rolling_batch: str, tgi_compat: bool
+) -> None:
+    props = tmp_path / "serving.properties"
+    props.write_text(properties)
+    settings = load_settings(config_path=None, properties_path=props, environ=environ).settings
+    assert (settings.protocols.rolling_batch, settings.protocols.tgi_compat) == (
+        rolling_batch, tgi_compat
+    )
+
+
+def test_a_rolling_batch_the_gateway_cannot_serve_fails_at_start_up(tmp_path: Path) -> None:
+    message = load_error(tmp_path, {}, environ={"OPTION_ROLLING_BATCH": "disable"})
+    assert message.startswith("environment: ProtocolConfig.rollingBatch: Input should be 'auto'")
+
+
 def test_relative_paths_start_at_the_config_folder(tmp_path: Path) -> None:
     from server.settings import resolve_path
 

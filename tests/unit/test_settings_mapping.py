@@ -54,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
         "requestTimeout": 600.0, "drainTimeout": 30.0, "engineCheckInterval": 5.0, "maxN": 16,
         "maxBestOf": 16, "maxStopSequences": 16, "maxLogprobs": 20, "maxPromptsPerRequest": 64,
     },
+    "ProtocolConfig": {"rollingBatch": "auto", "tgiCompat": False},
     "SecurityConfig": {"apiKeys": [], "adminKeys": []},
     "LoggingConfig": {"level": "INFO", "json_format": False, "logPrompts": False,
                       "accessLog": False},

@@ -31,6 +31,7 @@ class Stream:
     body: dict[str, Any]
     error_marker: bytes  # what the protocol's in-band error frame contains
     ends_with: bytes = b""  # what always follows the error (OpenAI's terminator)
+    config: dict[str, Any] | None = None  # config.json overrides the stream needs
 
 
 STREAMS = [
@@ -52,9 +53,12 @@ STREAMS = [
            b'data: {"error":"'),
     Stream("mindie-generate", "/generate",
            {"prompt": "a b c", "stream": True, "max_tokens": 8}, b'{"error":"'),
-    Stream("djl", "/invocations",
+    Stream("djl", "/invocations",  # LMI's async mode: vLLM's error object
            {"inputs": "a b c", "stream": True, "parameters": {"max_new_tokens": 8}},
-           b'"finish_reason":"error"'),
+           b'{"error":{"message":'),
+    Stream("djl-rolling-batch", "/invocations",
+           {"inputs": "a b c", "stream": True, "parameters": {"max_new_tokens": 8}},
+           b'"finish_reason":"error"', config={"ProtocolConfig": {"rollingBatch": "vllm"}}),
 ]
 IDS = [s.name for s in STREAMS]
 
@@ -111,7 +115,7 @@ def assert_released(gateway: Gateway) -> None:
 
 @pytest.mark.parametrize("stream", STREAMS, ids=IDS)
 async def test_a_stream_that_ends_well_frees_everything(stream: Stream) -> None:
-    gateway = make_gateway()
+    gateway = make_gateway(overrides=stream.config)
     exchange = await drive(gateway, stream)
     assert exchange.status == 200
     assert stream.error_marker not in exchange.body
@@ -128,7 +132,7 @@ async def test_a_stream_that_ends_well_frees_everything(stream: Stream) -> None:
 async def test_a_failure_after_the_first_byte_is_the_protocols_in_band_error(
     stream: Stream, failure: Exception
 ) -> None:
-    gateway = make_gateway(FakeScript(fail_after=2, fail_with=failure))
+    gateway = make_gateway(FakeScript(fail_after=2, fail_with=failure), overrides=stream.config)
     exchange = await drive(gateway, stream)
     assert exchange.status == 200  # the head went out with the first tokens
     tail = exchange.chunks[-1]
@@ -141,7 +145,7 @@ async def test_a_failure_after_the_first_byte_is_the_protocols_in_band_error(
 
 @pytest.mark.parametrize("stream", STREAMS, ids=IDS)
 async def test_a_client_that_disconnects_aborts_the_engine_request(stream: Stream) -> None:
-    gateway = make_gateway(FakeScript(hang_after=2))
+    gateway = make_gateway(FakeScript(hang_after=2), overrides=stream.config)
     exchange = await drive(gateway, stream, leave_after=1)
     assert exchange.chunks  # it got something before leaving
     assert gateway.engine.aborted  # type: ignore[attr-defined]

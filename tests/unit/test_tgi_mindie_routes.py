@@ -22,7 +22,8 @@ from server.http.app import ListenerApp
 from server.http.context import ProtocolContext
 from server.http.routes import RouteList
 from tests.unit.demo_kit import unit_demo
-from tests.unit.gateway_kit import routes_app
+from tests.unit.gateway_kit import client as gateway_client
+from tests.unit.gateway_kit import make_gateway, routes_app
 
 pytestmark = pytest.mark.anyio
 
@@ -161,3 +162,61 @@ async def test_tgi_stream_final_event_is_the_last_token() -> None:
     events = frames(response.text)
     assert len(events) == 3 and all(e["generated_text"] is None for e in events[:2])
     assert events[-1]["generated_text"] == "".join(e["token"]["text"] for e in events)
+
+
+async def test_compat_route_prepends_the_prompt_unless_told_not_to() -> None:
+    app, _, _ = build()
+    body = {"inputs": "a b", "parameters": {"max_new_tokens": 3}}
+    async with client(app) as http:
+        plain = (await http.post("/generate", json=body)).json()["generated_text"]
+        listed = (await http.post("/", json=body)).json()
+        body["parameters"]["return_full_text"] = False
+        told = (await http.post("/", json=body)).json()
+        body["stream"], body["parameters"] = True, {"max_new_tokens": 3}
+        streamed = frames((await http.post("/", json=body)).text)
+    assert listed == [{"generated_text": "a b" + plain}]
+    assert told == [{"generated_text": plain}]
+    assert streamed[-1]["generated_text"] == "a b" + plain
+
+
+# ---- SageMaker /invocations: TGI's with ProtocolConfig.tgiCompat, else DJL's -------------------
+TGI_BODY = {"inputs": "a b", "parameters": {"max_new_tokens": 3}}
+
+
+async def invocations(
+    tgi_compat: bool, body: dict[str, object], path: str = "/invocations", **headers: str
+) -> httpx.Response:
+    gateway = make_gateway(overrides={"ProtocolConfig": {"tgiCompat": tgi_compat}})
+    async with gateway_client(gateway, "data") as http:
+        return await http.post(path, json=body, headers=headers)
+
+
+async def test_invocations_answers_djls_object_by_default() -> None:
+    response = await invocations(False, TGI_BODY)
+    assert response.status_code == 200 and isinstance(response.json(), dict)
+
+
+async def test_with_tgi_compat_invocations_answers_tgis_one_element_list_with_full_text() -> None:
+    plain = (await invocations(True, TGI_BODY, "/generate")).json()["generated_text"]
+    tgi = await invocations(True, TGI_BODY)
+    assert tgi.status_code == 200
+    assert tgi.json() == [{"generated_text": "a b" + plain}]
+    streamed = await invocations(True, {**TGI_BODY, "stream": True})
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    assert frames(streamed.text)[-1]["generated_text"] == tgi.json()[0]["generated_text"]
+
+
+async def test_with_tgi_compat_djl_bodies_stay_djls() -> None:
+    named = await invocations(True, {**TGI_BODY, "adapters": ""})
+    assert isinstance(named.json(), dict) and "generated_text" in named.json()
+    listed = await invocations(True, {**TGI_BODY, "inputs": ["a b", "c"]})
+    assert isinstance(listed.json(), list) and len(listed.json()) == 2
+
+
+async def test_with_tgi_compat_the_sagemaker_adapter_header_names_the_adapter() -> None:
+    response = await invocations(
+        True, TGI_BODY, **{"X-Amzn-SageMaker-Adapter-Identifier": "no-such"}
+    )
+    assert response.status_code == 422
+    assert response.json()["error_type"] == "validation"
+    assert "adapter_id `no-such` is not a loaded adapter" in response.json()["error"]

@@ -312,6 +312,36 @@ def test_inputs_plus_max_new_tokens_over_the_total_is_refused() -> None:
     )
 
 
+def test_the_check_counts_at_most_tgis_1024_token_round() -> None:
+    """validation.rs: input + min(max_new_tokens, 1024) must fit; the message names that."""
+    with pytest.raises(InvalidRequest) as caught:
+        fitted(plan_of(max_new_tokens=100_000), [1, 5, 6])
+    assert caught.value.message == (
+        "`inputs` tokens + `max_new_tokens` must be <= 512. Given: 3 `inputs` tokens and 1024 "
+        "`max_new_tokens`"
+    )
+    assert caught.value.param == "parameters.max_new_tokens"
+
+
+@pytest.mark.parametrize(("asked", "runs"), [(1000, 1000), (1025, 1025), (5000, 2045)])
+def test_a_limit_that_passes_the_check_generates_at_most_to_the_full_context(
+    asked: int, runs: int
+) -> None:
+    big = translate.Limits(max_input_tokens=2047, max_total_tokens=2048)
+    plan = plan_of(max_new_tokens=asked)
+    request = translate.to_generation_request(plan, request_id="r")
+    fitted_request = translate.fit_prompt(plan, big)(request, [1, 5, 6])
+    assert fitted_request.sampling.max_new_tokens == runs
+
+
+def test_the_1024_round_is_refused_when_the_context_cannot_hold_it() -> None:
+    big = translate.Limits(max_input_tokens=2047, max_total_tokens=2048)
+    plan = plan_of(max_new_tokens=5000)
+    request = translate.to_generation_request(plan, request_id="r")
+    with pytest.raises(InvalidRequest, match=r"Given: 1100 `inputs` tokens and 1024 `max_new"):
+        translate.fit_prompt(plan, big)(request, [7] * 1100)
+
+
 def test_inputs_longer_than_the_input_limit_are_refused() -> None:
     expected = r"`inputs` must have less than 511 tokens\. Given: 512"
     with pytest.raises(InvalidRequest, match=expected):
@@ -359,6 +389,30 @@ def test_plain_generate_response_has_only_the_text() -> None:
 def test_return_full_text_prepends_the_inputs() -> None:
     out = translate.to_generate_response(result(CHOICE), rendering(plan_of(return_full_text=True)))
     assert out["generated_text"] == "Hello a b"
+
+
+@pytest.mark.parametrize(
+    ("given", "full_text", "expected"),
+    [
+        ({}, False, " a b"),  # /generate*: TGI's default is false
+        ({}, True, "Hello a b"),  # POST /: the text-generation pipeline's default
+        ({"return_full_text": False}, True, " a b"),
+        ({"return_full_text": None}, True, "Hello a b"),  # clients send every key, null ones too
+        ({"return_full_text": True}, False, "Hello a b"),
+    ],
+)
+def test_an_omitted_return_full_text_takes_the_routes_default(
+    given: dict[str, Any], full_text: bool, expected: str
+) -> None:
+    plan = translate.plan(body(**given), LIMITS, stream=False, full_text=full_text)
+    assert translate.to_generate_response(result(CHOICE), rendering(plan)) == {
+        "generated_text": expected
+    }
+
+
+def test_compat_default_holds_without_a_parameters_object() -> None:
+    bare = GenerateRequest.model_validate({"inputs": "Hello"})
+    assert translate.plan(bare, LIMITS, stream=False, full_text=True).full_text
 
 
 def test_details_list_every_token_with_logprob_and_special_flag() -> None:
