@@ -1414,6 +1414,69 @@ def b_targets(b: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+RATIO_ROWS = (("requests/s", "req"), ("TTFT median", "ttft"), ("gateway CPU share", "cpu"))
+
+
+def g_section(results: Results) -> str:
+    """G: gRPC ModelStreamInfer vs HTTP generate_stream on one gateway; perf_analyzer."""
+    http, grpc_rows = results.select("G", arm="http"), results.select("G", arm="grpc")
+    if not http or not grpc_rows:
+        return ""
+    by_round = {w["tags"].get("round"): w for w in http}
+    rows, ratios = [], defaultdict(list)
+    for g in grpc_rows:
+        h = by_round.get(g["tags"].get("round"))
+        if h is None:
+            continue
+        for key, path in (("req", "req_per_s"), ("ttft", "ttft_ms.median")):
+            ratios[key].append(ratio(pick(g["summary"], path), pick(h["summary"], path)))
+        ratios["cpu"].append(ratio(g["server_cpu_share"], h["server_cpu_share"]))
+        for arm, w in (("http", h), ("grpc", g)):
+            s = w["summary"]
+            rows.append([
+                str(w["tags"].get("round")), arm, fmt(s["req_per_s"]),
+                fmt(pick(s, "ttft_ms.median"), 2), fmt(pick(s, "ttft_ms.p90"), 2),
+                fmt(pick(s, "e2el_ms.median")), fmt(w["server_cpu_share"], 2),
+                fmt(w["client_cpu_share"], 2), str(s["failed"]),
+            ])  # fmt: skip
+    work = http[0]["workload"]
+    parts = [
+        "## G. Triton over gRPC (`ModelStreamInfer`) vs HTTP (`generate_stream`)\n",
+        f"One gateway on the real engine, {work['concurrency']} concurrent streamed requests "
+        f"of {work['max_tokens']} tokens (ignore_eos, {work['prompt_len']}-token prompts), "
+        "closed loop, the arms alternating which goes first each round. HTTP: the bench's "
+        "load generator; gRPC: bench/grpc_bench.py (one stream per worker, as a tritonclient "
+        "user holds one). Ratios are gRPC / HTTP, median of the per-round ratios.\n",
+        table(["round", "arm", "req/s", "TTFT median ms", "TTFT p90 ms", "E2E median ms",
+               "gateway CPU (cores)", "client CPU (cores)", "failed"], rows),
+        "",
+        table(["gRPC / HTTP", "median", "min–max"], [
+            [name, fmt_ratio(median(ratios[key])), fmt_spread(spread(ratios[key]))]
+            for name, key in RATIO_ROWS
+        ]),
+        "",
+    ]
+    parts.append(_perf_analyzer_text(results))
+    return "\n".join(parts)
+
+
+def _perf_analyzer_text(results: Results) -> str:
+    runs = results.select("G", arm="perf_analyzer")
+    skipped = results.note("perf_analyzer")
+    if not runs:
+        why = skipped[0]["skipped"] if skipped else "not run"
+        return f"perf_analyzer (NVIDIA's Triton benchmark client) did not run: {why}.\n"
+    s, w = runs[-1]["summary"], runs[-1]
+    verdict = "ran clean" if s["failed"] == 0 else f"failed: {s['errors']}"
+    return (
+        "perf_analyzer (NVIDIA's Triton benchmark client, shipped in the tritonclient wheel) "
+        f"against the gRPC listener, `--streaming --async`, concurrency "
+        f"{w['workload']['concurrency']}: {verdict}; {fmt(s['infer_per_s'])} infer/s, its "
+        f"average latency {fmt((s['first_response_latency_us'] or 0) / 1000)} ms "
+        f"({s['how']}).\n"
+    )
+
+
 def write_report(run: str | None = None) -> Path:
     name = run or latest_run()
     results = Results(RESULTS / name)
@@ -1431,7 +1494,7 @@ def write_report(run: str | None = None) -> Path:
         table(["target", "goal", "measured", "verdict"], target_rows),
         "",
         _misses(results, a, b, mem),
-        a_text, b_text, c_text, d_text, _method(results),
+        a_text, b_text, c_text, d_text, g_section(results), _method(results),
     ])  # fmt: skip
     (BENCH / "README.md").write_text(page)
     (BENCH / "SUMMARY.md").write_text(_summary(results, a, b, mem))

@@ -105,6 +105,11 @@ class Plan:
     d_rates: tuple[float, ...] = (25.0, 50.0, 100.0, 200.0)
     d_rate_window_s: float = 3.0
     d_max_tokens: int = 32
+    g_rounds: int = 3
+    g_window_s: float = 6.0
+    g_concurrency: int = 8
+    g_max_tokens: int = 64
+    g_prompt_len: int = 32
 
 
 QUICK = Plan(
@@ -127,6 +132,8 @@ QUICK = Plan(
     d_prompt_lens=(16, 1024),
     d_rates=(50.0,),
     d_rate_window_s=1.0,
+    g_rounds=1,
+    g_window_s=2.0,
 )
 
 B_PROTOCOLS = ("openai-chat", "tgi", "triton", "mindie", "djl")
@@ -859,4 +866,13 @@ def _d_workload(prompts: tuple[str, ...], plan: Plan, *, concurrency: int) -> Wo
     )
 
 
-SCENARIOS = {"a": scenario_a, "b": scenario_b, "c": scenario_c, "d": scenario_d}
+def scenario_g(run: Run, plan: Plan) -> None:
+    """gRPC ModelStreamInfer vs HTTP generate_stream, then perf_analyzer (bench/grpc_bench.py)."""
+    from bench.grpc_bench import run_g
+
+    run_g(run, plan)
+
+
+SCENARIOS = {
+    "a": scenario_a, "b": scenario_b, "c": scenario_c, "d": scenario_d, "g": scenario_g,
+}
