@@ -9,7 +9,7 @@
 #   /certs                        CA, server certificate and key, CRL, and the probe's client cert
 #   /models                       model weights (/models/model) and LoRA adapters (/models/adapters)
 # e.g.
-#   docker run --rm -p 1025-1027:1025-1027 \
+#   docker run --rm -p 1025-1028:1025-1028 \
 #     -v $PWD/certs:/certs:ro -v $PWD/build/demo:/models:ro \
 #     -v $PWD/deploy/config.json:/etc/llm-gateway/config.json:ro llm-gateway
 #
@@ -64,7 +64,7 @@ USER 10001:10001
 WORKDIR /var/lib/llm-gateway
 VOLUME ["/certs", "/models"]
 # data (port), management (managementPort, mTLS), metrics (metricsPort)
-EXPOSE 1025 1026 1027
+EXPOSE 1025 1026 1027 1028
 STOPSIGNAL SIGTERM
 # Liveness on the management listener (mTLS with the mounted probe certificate). It stays 200
 # while draining; readiness (/v2/health/ready) is what load balancers should watch.

@@ -60,6 +60,33 @@ openai SDK:
   {indented}client = OpenAI(base_url="{data}/v1", api_key="EMPTY", http_client=http_client)
   print(client.chat.completions.create(model="a1", max_tokens=16,
         messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)
+{grpc_example(settings)}"""
+
+
+def grpc_example(settings: Settings) -> str:
+    """tritonclient.grpc against the gRPC listener, when there is one."""
+    listener = settings.server.grpc
+    if listener.port is None:
+        return ""
+    files = tls_files(settings, "grpc")
+    tls = ""
+    if files is not None:
+        certs = Path(files.cert).parent
+        tls = (
+            f", ssl=True, root_certificates={files.ca_files[0]!r},\n"
+            f"      private_key={str(certs / 'client.key')!r}, "
+            f"certificate_chain={str(certs / 'client.pem')!r}"
+        )
+    return f"""
+Triton over gRPC (tritonclient.grpc):
+  import json, numpy as np, tritonclient.grpc as g
+  c = g.InferenceServerClient("localhost:{listener.port}"{tls})
+  text = g.InferInput("text_input", [1], "BYTES")
+  text.set_data_from_numpy(np.array([b"Hello"], dtype=object))
+  params = g.InferInput("sampling_parameters", [1], "BYTES")
+  params.set_data_from_numpy(np.array([json.dumps({{"max_tokens": 16}}).encode()], dtype=object))
+  c.start_stream(callback=lambda result, error: print(error or result.as_numpy("text_output")))
+  c.async_stream_infer("a1", [text, params]); c.stop_stream()
 """
 
 
