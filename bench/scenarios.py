@@ -731,13 +731,19 @@ def capture_bytes(server: Server, prompts: tuple[str, ...], plan: Plan, out: Pat
 
 
 def lora_copies(count: int, source: Path, folder: Path, prefix: str = "c") -> list[str]:
-    """`count` adapters named c00.. (copies of the demo adapter a1: same size, own identity)."""
+    """`count` adapters named c00.. (copies of the demo adapter a1: same size, own identity:
+    each config carries its name as `revision`, so each has its own content digest and its own
+    engine place; identical files would share one)."""
     folder.mkdir(parents=True, exist_ok=True)
     names = [f"{prefix}{i:02d}" for i in range(count)]
     for name in names:
         target = folder / name
         if not target.exists():
             shutil.copytree(source, target)
+            config_path = target / "adapter_config.json"
+            config = json.loads(config_path.read_text())
+            config["revision"] = name
+            config_path.write_text(json.dumps(config, indent=2))
     return names
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from server.control import routes as control
 from server.control.grpc_health import health_service
 from server.core import workflows
 from server.core.adapter_files import AdapterRules, BaseModelShape
+from server.core.adapter_state import SavedAdapter, StateFileError, read_state
 from server.core.adapters import AdapterLimits, AdapterRegistry
 from server.core.admission import Admission, Limits
 from server.core.engine import Engine
@@ -41,7 +42,7 @@ from server.http.rpc import AccessInterceptor, GrpcService
 from server.observability import metrics as metrics_routes
 from server.observability.logs import RequestLog
 from server.observability.metrics import GatewayMetrics, LiveState
-from server.settings import Settings, redacted, resolve_path
+from server.settings import Settings, SettingsError, redacted, resolve_path
 
 logger = logging.getLogger("gateway")
 
@@ -97,8 +98,10 @@ def build_gateway(
     lifecycle = lifecycle or Lifecycle()
     shutdown = shutdown or Shutdown(lifecycle)
     base_names = _base_names(settings, engine)
+    state = settings.lora.state_file
     adapters = AdapterRegistry(
-        engine=engine, rules=adapter_rules(settings, base_names), limits=_adapter_limits(settings)
+        engine=engine, rules=adapter_rules(settings, base_names), limits=_adapter_limits(settings),
+        state_file=Path(resolve_path(settings, state)) if state else None,
     )
     limits = service_limits(settings)
     admission = Admission(limits)
@@ -259,6 +262,8 @@ def _adapter_limits(settings: Settings) -> AdapterLimits:
         enabled=lora.enabled,
         max_loras=lora.max_loras,
         max_cpu_loras=lora.max_cpu_loras or lora.max_loras,
+        discovery_dirs=tuple(str(folder) for folder in adapter_folders(settings)),
+        on_demand=lora.on_demand,
     )
 
 
@@ -296,15 +301,20 @@ def request_bounds(settings: Settings) -> RequestBounds:
     )
 
 
-async def register_startup_adapters(gateway: Gateway) -> None:
-    """Adapters from the `adapters/` folder and the config list. A bad one is logged, not fatal."""
+async def register_startup_adapters(
+    gateway: Gateway, saved: Sequence[SavedAdapter] = ()
+) -> None:
+    """Adapters from the `adapters/` folder and the config list, the DJL workflows, then the
+    state file's runtime registrations. A bad one is logged, not fatal."""
     settings = gateway.settings
     lora = settings.lora
     if not lora.enabled:
         return
-    for name, src, preload, pin in startup_adapter_entries(settings):
+    entries = startup_adapter_entries(settings)
+    entries += [(a.name, a.src, a.preload, a.pin, "api") for a in saved]
+    for name, src, preload, pin, origin in entries:
         try:
-            await gateway.adapters.register(name, src, preload=preload, pin=pin)
+            await gateway.adapters.register(name, src, preload=preload, pin=pin, origin=origin)
         except Exception as exc:  # one bad adapter must not stop the server
             logger.error("adapter %s from %s not registered: %s", name, src, exc)
     base = workflows.ServedBase(
@@ -313,6 +323,18 @@ async def register_startup_adapters(gateway: Gateway) -> None:
     )
     specs = workflows.load_workflows([resolve_path(settings, w) for w in lora.workflows], base)
     await workflows.register_workflows(gateway.adapters, specs)
+
+
+def saved_adapters(settings: Settings) -> list[SavedAdapter]:
+    """The state file's registrations, read before the engine starts: a damaged file stops
+    the start with a SettingsError naming it."""
+    state = settings.lora.state_file
+    if not state or not settings.lora.enabled:
+        return []
+    try:
+        return read_state(Path(resolve_path(settings, state)))
+    except StateFileError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def adapter_folders(settings: Settings) -> list[Path]:
@@ -326,15 +348,22 @@ def adapter_folders(settings: Settings) -> list[Path]:
     return folders
 
 
-def startup_adapter_entries(settings: Settings) -> list[tuple[str, str, bool, bool]]:
-    """(name, src, preload, pin) for every sub-directory of adapterDir, then the config list."""
-    entries: list[tuple[str, str, bool, bool]] = []
+def startup_adapter_entries(settings: Settings) -> list[tuple[str, str, bool, bool, str]]:
+    """(name, src, preload, pin, origin) for every sub-directory of adapterDir (the first
+    folder wins a name two have), then the config list."""
+    entries: list[tuple[str, str, bool, bool, str]] = []
+    seen: set[str] = set()
     for folder in adapter_folders(settings):
-        if folder.is_dir():
-            entries += [
-                (d.name, str(d), True, False) for d in sorted(folder.iterdir()) if d.is_dir()
-            ]
+        if not folder.is_dir():
+            continue
+        for found in sorted(d for d in folder.iterdir() if d.is_dir()):
+            if found.name in seen:
+                logger.warning("adapter folder %s skipped: %s came first", found, found.name)
+                continue
+            seen.add(found.name)
+            entries.append((found.name, str(found), True, False, "folder"))
     entries += [
-        (a.name, resolve_path(settings, a.path), a.preload, a.pin) for a in settings.lora.adapters
+        (a.name, resolve_path(settings, a.path), a.preload, a.pin, "config")
+        for a in settings.lora.adapters
     ]
     return entries

@@ -16,6 +16,7 @@ Standard library only. Every failure is an `AdapterInvalid` (4xx) with a message
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -373,3 +374,53 @@ def _span(name: str, meta: object) -> tuple[int, int]:
     if stop - start != math.prod(shape) * _DTYPE_BYTES[str(dtype)]:
         raise AdapterInvalid(f"{WEIGHTS_FILE} is corrupt: size mismatch for {name[:200]!r}")
     return start, stop
+
+
+# ---- identity by content ---------------------------------------------------------------------
+# The files vLLM's LoRA loader reads: an adapter is these bytes, whatever its name or folder.
+CONTENT_FILES = (CONFIG_FILE, WEIGHTS_FILE, "new_embeddings.safetensors")
+_CHUNK = 1 << 20
+Fingerprint = tuple[tuple[str, int, int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterFiles:
+    """A validated adapter directory and what identifies its contents."""
+
+    path: Path
+    rank: int
+    digest: str  # sha256 of the content files (names, lengths, bytes)
+    fingerprint: Fingerprint  # cheap stat of the same files: a change means re-digest
+
+
+def inspect_adapter(src: object, rules: AdapterRules) -> AdapterFiles:
+    """Resolve, validate and digest an adapter source (reads every content file: call it off
+    the event loop)."""
+    path = resolve_source(src, rules)
+    rank = validate_adapter_dir(path, rules)
+    return AdapterFiles(path, rank, content_digest(path), fingerprint(path))
+
+
+def fingerprint(path: Path) -> Fingerprint:
+    """(name, size, mtime_ns, inode) of each content file present; () if none can be read."""
+    found = []
+    for name in CONTENT_FILES:
+        try:
+            info = os.stat(path / name)
+        except OSError:
+            continue
+        found.append((name, info.st_size, info.st_mtime_ns, info.st_ino))
+    return tuple(found)
+
+
+def content_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    for name in CONTENT_FILES:
+        file = path / name
+        if not file.is_file():
+            continue
+        digest.update(name.encode() + b"\0" + str(file.stat().st_size).encode() + b"\0")
+        with file.open("rb") as handle:
+            while chunk := handle.read(_CHUNK):
+                digest.update(chunk)
+    return digest.hexdigest()

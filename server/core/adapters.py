@@ -30,18 +30,22 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from server.core.adapter_files import (
+    NAME_PATTERN,
+    AdapterFiles,
     AdapterRules,
+    Fingerprint,
     check_name,
-    resolve_source,
-    validate_adapter_dir,
+    fingerprint,
+    inspect_adapter,
 )
+from server.core.adapter_state import SavedAdapter, write_state
 from server.core.engine import Engine
 from server.core.errors import (
     AdapterCapacity,
@@ -76,6 +80,9 @@ class AdapterRecord:
     pin: bool = False
     options: dict[str, str] = field(default_factory=dict)
     alias: str | None = None  # display alias (X-Amzn-SageMaker-Adapter-Alias)
+    origin: str = "api"  # api: a management call; config: the config file; folder: adapterDir
+    digest: str = ""  # of the files: the engine identity (handle.int_id) follows it
+    fingerprint: Fingerprint = ()  # stat of the files when digested
     resident: bool = False
     removed: bool = False
     inflight: int = 0
@@ -128,6 +135,23 @@ class AdapterSnapshot:
     last_used: float  # time.monotonic() of the last request, 0.0 if never used
 
 
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A folder adapter that was refused: why, and the files' state then (a change retries)."""
+
+    path: str
+    reason: str
+    fingerprint: Fingerprint
+
+
+@dataclass(frozen=True, slots=True)
+class SyncReport:
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    reloaded: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AdapterLimits:
     enabled: bool
@@ -135,6 +159,10 @@ class AdapterLimits:
     max_cpu_loras: int  # adapters held in the engine at once (this registry enforces it)
     wait_s: float = 60.0  # how long a request waits for a free cached place
     settle_s: float = 0.25  # an adapter stays in the engine this long after its last request
+    # folders whose sub-directories are adapters by name: served on first request and kept in
+    # sync by `sync_folders` (adapterDir, then the model folder's adapters/); () = off
+    discovery_dirs: tuple[str, ...] = ()
+    on_demand: bool = True  # a request may name a folder of them that is not registered yet
 
     @property
     def max_pins(self) -> int:
@@ -143,15 +171,21 @@ class AdapterLimits:
 
 
 class AdapterRegistry:
-    def __init__(self, *, engine: Engine, rules: AdapterRules, limits: AdapterLimits) -> None:
+    def __init__(
+        self, *, engine: Engine, rules: AdapterRules, limits: AdapterLimits,
+        state_file: Path | None = None,
+    ) -> None:
         self._engine = engine
+        self._state_file = state_file  # where management-API registrations are kept
         self.rules = rules
         self.limits = limits
         self._records: dict[str, AdapterRecord] = {}
         self._aliases: dict[str, str] = {}  # alias (DJL workflow name) -> adapter name
         self._retired: list[AdapterRecord] = []  # unregistered or replaced, still in use/loaded
-        self._ids: dict[tuple[str, str], int] = {}  # (name, resolved path) -> stable int id
+        self._ids: dict[str, int] = {}  # content digest -> engine id (same files, same slot)
         self._next_id = 1
+        self._failed: dict[str, Failure] = {}  # folder adapters refused, until their files change
+        self._discovering: dict[str, asyncio.Future[None]] = {}  # first requests load once
         self._lock = asyncio.Lock()  # serialises changes of the registry and of the engine
         self._room = asyncio.Event()  # set (then replaced) whenever a cached place may be free
         self._tasks: set[asyncio.Task[None]] = set()
@@ -175,9 +209,32 @@ class AdapterRegistry:
         return self.get(self._aliases.get(name, name))
 
     def __contains__(self, name: object) -> bool:
+        """Registered, an alias, or a folder under a discovery dir (served on first use)."""
         if not isinstance(name, str):
             return False
-        return self._aliases.get(name, name) in self._records
+        return self._aliases.get(name, name) in self._records or self.found(name) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._records))
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def found(self, name: str) -> Path | None:
+        """The folder named `name` in the first discovery dir that has one, if any."""
+        if not self.limits.on_demand or not NAME_PATTERN.match(name):
+            return None
+        if name in self.rules.base_names:
+            return None
+        for folder in self.limits.discovery_dirs:
+            candidate = Path(folder) / name
+            if candidate.is_dir():
+                return candidate
+        return None
+
+    def failures(self) -> dict[str, Failure]:
+        """Folder adapters that were refused, with the reason (shown by describe)."""
+        return dict(self._failed)
 
     def aliases(self) -> dict[str, str]:
         return dict(self._aliases)
@@ -191,7 +248,7 @@ class AdapterRegistry:
         return {r.name for r in self._records.values() if r.handle.int_id in ids}
 
     # ---- management ------------------------------------------------------------------------
-    async def register(
+    async def register(  # noqa: PLR0913 - DJL's registration fields, each optional
         self,
         name: object,
         src: object,
@@ -200,6 +257,7 @@ class AdapterRegistry:
         pin: bool = False,
         options: Mapping[str, str] | None = None,
         alias: str | None = None,
+        origin: str = "api",
     ) -> AdapterRecord:
         """Validate and add an adapter; load it now if `preload` or `pin`.
 
@@ -209,19 +267,22 @@ class AdapterRegistry:
         self._check_enabled()
         checked = check_name(name, self.rules)
         _check_pin_options(preload=preload, pin=pin)
+        self._check_free(checked)
+        files = await self._inspect(src)
         async with self._lock:
-            if checked in self._records or checked in self._aliases:
-                raise AdapterExists(
-                    f"The adapter {checked} already exists. If you want to replace it, please "
-                    "unregistering before registering a new adapter with the same name."
-                )
+            self._check_free(checked)
             if pin:
                 self._check_pin_capacity()
-            record = self._new_record(checked, src, preload=preload, pin=pin, options=options)
-            record.alias = alias
+            record = self._new_record(checked, src, files, preload=preload, pin=pin,
+                                      options=options)
+            record.alias, record.origin = alias, origin
             self._records[checked] = record
-        if preload or pin:
-            await self._load_new(record)
+            self._failed.pop(checked, None)
+        try:
+            if preload or pin:
+                await self._load_new(record)
+        finally:
+            self._save_state()
         return record
 
     async def update(
@@ -235,6 +296,8 @@ class AdapterRegistry:
     ) -> AdapterRecord:
         """Change source, preload, pin or options. A failed validation leaves it unchanged."""
         self._check_enabled()
+        self.get(name)
+        files = None if src is None else await self._inspect(src)
         async with self._lock:
             old = self.get(name)
             new_pin = old.pin if pin is None else pin
@@ -244,9 +307,14 @@ class AdapterRegistry:
                 self._check_pin_capacity()
             merged = {**old.options, **(options or {})}
             was_pinned = old.pin
-            record = self._updated(old, src, preload=new_preload, pin=new_pin, options=merged)
-        if (record.preload or record.pin) and not record.resident:
-            await self._load_new(record, previous=old, was_pinned=was_pinned)
+            record = self._updated(
+                old, src, files, preload=new_preload, pin=new_pin, options=merged
+            )
+        try:
+            if (record.preload or record.pin) and not record.resident:
+                await self._load_new(record, previous=old, was_pinned=was_pinned)
+        finally:
+            self._save_state()
         return record
 
     async def unregister(self, name: str) -> AdapterRecord:
@@ -257,6 +325,7 @@ class AdapterRegistry:
             del self._records[name]
             record.removed = True
             self._retired.append(record)
+        self._save_state()
         if record.inflight == 0:
             await self._unload_settled(record)
         return record
@@ -279,7 +348,12 @@ class AdapterRegistry:
         target = self._aliases.get(name, name)
         record = self._records.get(target)
         if record is None:
-            raise AdapterNotFound(f"The model `{name}` does not exist.")
+            await self._discover(target, requested=name)
+            record = self._records.get(target)
+            if record is None:
+                raise AdapterNotFound(f"The model `{name}` does not exist.")
+        if record.resident and fingerprint(Path(record.handle.path)) != record.fingerprint:
+            record = await self.reload_changed(record.name)  # never serve replaced weights
         if not record.resident:
             record = await self._wait_resident(target, requested=name)
         record.inflight += 1
@@ -298,6 +372,125 @@ class AdapterRegistry:
             self._signal_room()
             if record.removed:
                 self._spawn(self._unload_settled(record))
+
+    # ---- discovery and contents ----------------------------------------------------------
+    async def _discover(self, name: str, *, requested: str) -> None:
+        """Register the folder `name` of a discovery dir on its first request; concurrent first
+        requests share one registration. A refused folder stays refused (AdapterInvalid with
+        its reason) until its files change. Raises AdapterNotFound when there is no folder."""
+        path = self.found(name)
+        if path is None:
+            raise AdapterNotFound(f"The model `{requested}` does not exist.")
+        failure = self._failed.get(name)
+        if failure is not None and failure.fingerprint == fingerprint(path):
+            raise AdapterInvalid(failure.reason, param="model")
+        pending = self._discovering.get(name)
+        if pending is None:
+            pending = asyncio.ensure_future(self._register_found(name, path))
+            self._discovering[name] = pending
+            pending.add_done_callback(lambda _: self._discovering.pop(name, None))
+        await asyncio.shield(pending)
+
+    async def _register_found(self, name: str, path: Path) -> None:
+        try:
+            await self.register(name, str(path), preload=False, origin="folder")
+        except AdapterExists:
+            return  # registered meanwhile (a management call or a folder scan)
+        except GatewayError as exc:
+            self._failed[name] = Failure(str(path), exc.message, fingerprint(path))
+            logger.error("adapter folder %s refused: %s", path, exc.message)
+            raise
+        logger.info("adapter %s registered from its folder %s", name, path)
+
+    async def reload_changed(self, name: str) -> AdapterRecord:
+        """Re-read an adapter whose files changed on disk: same contents, same record; other
+        contents, a new record with a new engine identity (the old one finishes its requests
+        and leaves). Raises AdapterInvalid if the files are no longer a valid adapter."""
+        async with self._lock:
+            old = self.get(name)
+            files = await self._inspect(old.handle.path)
+            if files.digest == old.digest:
+                old.fingerprint = files.fingerprint
+                return old
+            record = self._updated(
+                old, old.src, files, preload=old.preload, pin=old.pin, options=old.options
+            )
+        logger.info("adapter %s reloaded: its files changed", name)
+        if record.preload or record.pin:
+            await self._load_new(record)
+        return record
+
+    async def _rebind_if_changed(self, record: AdapterRecord) -> None:
+        """Under the lock, before the engine reads a record that is not in it: if its files
+        changed, it takes the identity of the new contents (nothing refers to the old one)."""
+        path = Path(record.handle.path)
+        if fingerprint(path) == record.fingerprint:
+            return
+        files = await self._inspect(record.handle.path)
+        if files.digest != record.digest:
+            record.handle = AdapterHandle(
+                name=record.name, int_id=self._id_for(files.digest), path=str(files.path)
+            )
+            record.digest, record.rank = files.digest, files.rank
+        record.fingerprint = files.fingerprint
+
+    async def sync_folders(self) -> SyncReport:
+        """One rescan of the discovery dirs: new folders registered (served on first request),
+        folders gone unregistered (their running requests finish), changed files reloaded."""
+        present = self._folders()
+        added, failed, removed, reloaded = [], [], [], []
+        for name, path in present.items():
+            if name in self._records or name in self._aliases:
+                continue
+            failure = self._failed.get(name)
+            if failure is not None and failure.fingerprint == fingerprint(path):
+                continue
+            try:
+                await self._register_found(name, path)
+                added.append(name)
+            except GatewayError:
+                failed.append(name)
+        for name in [n for n in self._failed if n not in present]:
+            del self._failed[name]
+        for record in list(self._records.values()):
+            if record.origin == "folder" and record.name not in present:
+                await self.unregister(record.name)
+                removed.append(record.name)
+            elif fingerprint(Path(record.handle.path)) != record.fingerprint and (
+                await self._reloaded(record.name)
+            ):
+                reloaded.append(record.name)
+        return SyncReport(tuple(added), tuple(removed), tuple(reloaded), tuple(failed))
+
+    async def _reloaded(self, name: str) -> bool:
+        try:
+            before = self.get(name)
+            return await self.reload_changed(name) is not before
+        except GatewayError as exc:
+            logger.error("adapter %s: its changed files are refused: %s", name, exc.message)
+            return False
+
+    def _folders(self) -> dict[str, Path]:
+        """name -> folder over the discovery dirs; the first dir wins a name both have."""
+        found: dict[str, Path] = {}
+        for folder in self.limits.discovery_dirs:
+            with contextlib.suppress(OSError):
+                for entry in sorted(Path(folder).iterdir()):
+                    if entry.is_dir() and NAME_PATTERN.match(entry.name):
+                        found.setdefault(entry.name, entry)
+        return {n: p for n, p in found.items() if n not in self.rules.base_names}
+
+    async def watch_folders(self, interval_s: float) -> None:
+        """Rescan every `interval_s` seconds until cancelled; a failed scan is logged."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                report = await self.sync_folders()
+            except Exception:
+                logger.exception("adapter folder scan failed")
+                continue
+            if report.added or report.removed or report.reloaded:
+                logger.info("adapter folders: %s", report)
 
     # ---- residency ---------------------------------------------------------------------------
     async def _wait_resident(self, name: str, *, requested: str) -> AdapterRecord:
@@ -323,8 +516,9 @@ class AdapterRegistry:
     async def _load_if_room(self, record: AdapterRecord) -> bool:
         """Under the lock: load `record` into the engine, evicting an idle adapter if needed.
         Returns False when every cached place is pinned or busy."""
+        await self._rebind_if_changed(record)
         if record.handle.int_id in self._resident_ids():
-            record.resident = True  # shared with a retired record of the same name and path
+            record.resident = True  # the same files are in the engine under another record
             return True
         if len(self._resident_ids()) >= self.limits.max_cpu_loras:
             victim = self._eviction_candidate()
@@ -332,8 +526,6 @@ class AdapterRegistry:
                 return False
             await self._evict(victim)
         try:
-            # The files may have changed since registration: check again before the engine reads.
-            validate_adapter_dir(resolve_source(record.handle.path, self.rules), self.rules)
             await self._engine.add_adapter(record.handle)
         except GatewayError:
             record.load_failures += 1
@@ -450,6 +642,20 @@ class AdapterRegistry:
             logger.warning("the engine failed to remove adapter %s", record.name, exc_info=True)
 
     # ---- internals -----------------------------------------------------------------------------
+    def _save_state(self) -> None:
+        """Rewrite the state file with the management-API registrations (when configured)."""
+        if self._state_file is None:
+            return
+        kept = [
+            SavedAdapter(r.name, r.src, r.pin, r.preload, dict(r.options))
+            for r in self._records.values()
+            if r.origin == "api"
+        ]
+        try:
+            write_state(self._state_file, kept)
+        except OSError:
+            logger.exception("the adapter state file %s could not be written", self._state_file)
+
     def _check_enabled(self) -> None:
         if not self.limits.enabled:
             raise LoraDisabled("LoRA is not enabled.")
@@ -467,49 +673,60 @@ class AdapterRegistry:
         self,
         name: str,
         src: object,
+        files: AdapterFiles,
         *,
         preload: bool,
         pin: bool,
         options: Mapping[str, str] | None,
     ) -> AdapterRecord:
-        path = resolve_source(src, self.rules)
-        rank = validate_adapter_dir(path, self.rules)
-        handle = AdapterHandle(name=name, int_id=self._id_for(name, path), path=str(path))
+        handle = AdapterHandle(name=name, int_id=self._id_for(files.digest), path=str(files.path))
         return AdapterRecord(
-            name=name, src=str(src), handle=handle, rank=rank, preload=preload, pin=pin,
-            options=dict(options or {}),
+            name=name, src=str(src), handle=handle, rank=files.rank, preload=preload, pin=pin,
+            options=dict(options or {}), digest=files.digest, fingerprint=files.fingerprint,
         )
 
     def _updated(
         self,
         old: AdapterRecord,
         src: object,
+        files: AdapterFiles | None,
         *,
         preload: bool,
         pin: bool,
         options: dict[str, str],
     ) -> AdapterRecord:
-        """Under the lock: the record after an update (a new one if the source moved)."""
-        if src is not None:
-            path = resolve_source(src, self.rules)
-            if str(path) != old.handle.path:
-                record = self._new_record(old.name, src, preload=preload, pin=pin, options=options)
-                record.alias = old.alias
+        """Under the lock: the record after an update (a new one if the source moved or its
+        files changed: the engine identity follows the contents)."""
+        if files is not None:
+            if str(files.path) != old.handle.path or files.digest != old.digest:
+                record = self._new_record(
+                    old.name, src, files, preload=preload, pin=pin, options=options
+                )
+                record.alias, record.origin = old.alias, old.origin
                 self._records[old.name] = record
                 self._retire(old)
                 return record
-            validate_adapter_dir(path, self.rules)
             old.src = str(src)
         old.preload, old.pin, old.options = preload, pin, options
         return old
 
-    def _id_for(self, name: str, path: Path) -> int:
-        """Stable per (name, path), so re-registering the same adapter keeps its id."""
-        key = (name, str(path))
-        if key not in self._ids:
-            self._ids[key] = self._next_id
+    def _id_for(self, digest: str) -> int:
+        """Stable per content: the same files keep one id (and share one engine place);
+        other files under a known name get a new one, so old weights are never served."""
+        if digest not in self._ids:
+            self._ids[digest] = self._next_id
             self._next_id += 1
-        return self._ids[key]
+        return self._ids[digest]
+
+    async def _inspect(self, src: object) -> AdapterFiles:
+        return await asyncio.to_thread(inspect_adapter, src, self.rules)
+
+    def _check_free(self, name: str) -> None:
+        if name in self._records or name in self._aliases:
+            raise AdapterExists(
+                f"The adapter {name} already exists. If you want to replace it, please "
+                "unregistering before registering a new adapter with the same name."
+            )
 
     def _all_records(self) -> list[AdapterRecord]:
         return [*self._records.values(), *self._retired]

@@ -150,7 +150,7 @@ async def _register(registry: AdapterRegistry, spec: WorkflowSpec) -> None:
         if existing.handle.path != spec.resolved_src:
             raise WorkflowError(f"adapter {spec.adapter!r} is registered with another source")
     else:
-        await registry.register(spec.adapter, spec.src, options=spec.options)
+        await registry.register(spec.adapter, spec.src, options=spec.options, origin="config")
     registry.add_alias(spec.name, spec.adapter)
     logger.info("workflow %s serves adapter %s", spec.name, spec.adapter)
 

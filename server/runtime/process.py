@@ -24,7 +24,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from server.core.engine import Engine
 from server.core.errors import GatewayError, ServiceUnavailable
 from server.core.lifecycle import Lifecycle, Shutdown, State
-from server.gateway import Gateway, build_gateway, live_paths, register_startup_adapters
+from server.gateway import (
+    Gateway,
+    build_gateway,
+    live_paths,
+    register_startup_adapters,
+    saved_adapters,
+)
 from server.runtime.grpc_listener import plan_grpc, start_grpc, stop_grpc
 from server.runtime.limits import (
     CONNECTIONS_PER_LINK,
@@ -139,6 +145,7 @@ async def serve(
     shutdown = Shutdown(lifecycle)
     listeners = plan_listeners(settings)
     grpc_plan = plan_grpc(settings)
+    saved = saved_adapters(settings)
     holders = [StartingApp(lifecycle, live_paths()) for _ in listeners]
     servers = [
         GatewayServer(uvicorn_config(h, ln, settings))
@@ -156,7 +163,7 @@ async def serve(
     gateway = build_gateway(settings, engine, lifecycle=lifecycle, shutdown=shutdown)
     if on_gateway is not None:
         on_gateway(gateway)
-    await register_startup_adapters(gateway)
+    await register_startup_adapters(gateway, saved)
     for holder, listener in zip(holders, listeners, strict=True):
         holder.serve(gateway.app(listener.roles))
     try:
@@ -173,10 +180,11 @@ async def serve(
     logger.info(
         "ready: %s", ", ".join(f"{ln.host}:{ln.port} {'+'.join(ln.roles)}" for ln in listeners)
     )
-    watchdog = asyncio.create_task(watch_engine(gateway))
+    background = _background_tasks(gateway)
     await shutdown.requested.wait()
     await drain(gateway)
-    watchdog.cancel()
+    for task in background:
+        task.cancel()
     await stop_grpc(grpc_server)
     await _close_servers(servers, tasks)
     await engine.shutdown()
@@ -254,6 +262,16 @@ async def _start_engine(
         return engine
     start.cancel()
     return None
+
+
+def _background_tasks(gateway: Gateway) -> list[asyncio.Task[None]]:
+    """The engine watchdog, and adapterDir rescans (LoraConfig.adapterDirRefresh s; 0 = off)."""
+    tasks = [asyncio.create_task(watch_engine(gateway))]
+    lora = gateway.settings.lora
+    interval = lora.adapter_dir_refresh_s
+    if lora.enabled and interval > 0 and gateway.adapters.limits.discovery_dirs:
+        tasks.append(asyncio.create_task(gateway.adapters.watch_folders(interval)))
+    return tasks
 
 
 async def _failed_start(

@@ -110,6 +110,9 @@ ALIASES: Final[dict[str, tuple[str, ...]]] = {
     "LoraConfig.adapters": ("lora.adapters",),  # entries keep their names: name, path, pin, preload
     "LoraConfig.workflows": ("lora.workflows",),
     "LoraConfig.allowRuntimeUpdates": ("lora.allow_runtime_updates",),
+    "LoraConfig.onDemand": ("lora.on_demand",),
+    "LoraConfig.adapterDirRefresh": ("lora.adapter_dir_refresh_s",),
+    "LoraConfig.stateFile": ("lora.state_file",),
     "LimitsConfig.maxConcurrentRequests": ("limits.max_concurrent_requests",),
     "LimitsConfig.maxQueue": ("limits.max_queue",),
     "LimitsConfig.queueTimeout": ("limits.queue_timeout_s",),

@@ -115,6 +115,11 @@ class LoraSettings(_Section):
     adapters: list[AdapterEntry] = Field(default_factory=list)
     workflows: list[str] = Field(default_factory=list)  # DJL workflow.json files or folders
     allow_runtime_updates: bool = True
+    # adapterDir as a live folder: an adapter folder dropped in serves on its first request
+    # (on_demand) and the folder is rescanned every adapter_dir_refresh_s seconds (0 = never)
+    on_demand: bool = True
+    adapter_dir_refresh_s: float = Field(5.0, ge=0)
+    state_file: str | None = None  # runtime registrations survive restarts when set
 
     @model_validator(mode="after")
     def _cpu_cache_holds_slots(self) -> LoraSettings:

@@ -28,10 +28,11 @@ def write_adapter(
     folder: Path, *, rank: int = 8, modules: tuple[str, ...] = ("q_proj", "v_proj"),
     layers: int = 2, config: dict[str, Any] | None = None, tensor_rank: int | None = None,
 ) -> Path:
-    """A small valid LoRA adapter (PEFT layout, zero weights) fitting SHAPE."""
+    """A small valid LoRA adapter (PEFT layout, zero weights) fitting SHAPE. Its config names
+    the folder (`revision`), so adapters in different folders have different contents."""
     folder.mkdir(parents=True, exist_ok=True)
     cfg = {"peft_type": "LORA", "r": rank, "lora_alpha": 16, "target_modules": list(modules),
-           "bias": "none", "base_model_name_or_path": "tiny"}
+           "bias": "none", "base_model_name_or_path": "tiny", "revision": folder.name}
     cfg.update(config or {})
     (folder / "adapter_config.json").write_text(json.dumps(cfg))
     r = tensor_rank or rank

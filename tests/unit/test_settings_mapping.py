@@ -47,7 +47,8 @@ DEFAULTS: dict[str, Any] = {
     "LoraConfig": {
         "enabled": True, "maxLoras": 2, "maxLoraRank": 8, "maxCpuLoras": 4, "loraDtype": "auto",
         "fullyShardedLoras": False, "adapterDir": "build/demo/adapters", "adapterRoots": [],
-        "adapters": [], "workflows": [], "allowRuntimeUpdates": True,
+        "adapters": [], "workflows": [], "allowRuntimeUpdates": True, "onDemand": True,
+        "adapterDirRefresh": 5.0, "stateFile": None,
     },
     "LimitsConfig": {
         "maxConcurrentRequests": 256, "maxQueue": 512, "queueTimeout": 60.0,
