@@ -95,7 +95,7 @@ async def test_files_changed_in_place_are_a_new_identity_on_the_next_request(
 async def test_a_dropped_in_folder_is_known_and_loads_once_on_concurrent_first_requests(
     folder: Path,
 ) -> None:
-    registry, engine = registry_for(folder)
+    registry, _ = registry_for(folder)
     write_adapter(folder / "fresh")
     assert "fresh" in registry and "fresh" not in registry.names()
     handles = await asyncio.gather(*(registry.acquire("fresh") for _ in range(5)))
