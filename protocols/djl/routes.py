@@ -283,6 +283,10 @@ def adapters(ctx: ProtocolContext) -> Endpoint:
 def adapter(ctx: ProtocolContext) -> Endpoint:
     async def describe(request: Request) -> Response:
         registry = _registry(ctx, request)
+        name = request.path_params["name"]
+        failure = registry.failures().get(name)
+        if failure is not None and name not in registry.names():
+            return _djl_response(translate.describe_failed(name, failure))
         record = _record(registry, request)
         loaded = record.name in await registry.engine_resident()
         return _djl_response(translate.describe(record, engine_loaded=loaded))

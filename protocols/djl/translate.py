@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocols.djl.schema import AdapterForm, LmiParameters, LmiRequest
-from server.core.adapters import AdapterRecord
+from server.core.adapters import AdapterRecord, Failure
 from server.core.errors import InvalidRequest, Unsupported
 from server.core.sampling import (
     json_schema_text,
@@ -149,9 +149,18 @@ def describe(record: AdapterRecord, *, engine_loaded: bool) -> dict[str, Any]:
         "requests": record.requests,
         "generatedTokens": record.generated_tokens,
         "loads": record.loads,
+        "coldLoads": record.cold_loads,
+        "loadSecondsTotal": round(record.load_seconds, 6),
         "evictions": record.evictions,
+        "origin": record.origin,
+        "digest": record.digest,
         **({"options": record.options} if record.options else {}),
     }
+
+
+def describe_failed(name: str, failure: Failure) -> dict[str, Any]:
+    """A folder adapter that was refused: never routed to, shown with its reason."""
+    return {"name": name, "src": failure.path, "status": "failed", "reason": failure.reason}
 
 
 def _int_param(query: Mapping[str, str], name: str, default: int) -> int:

@@ -61,6 +61,10 @@ from server.core.types import AdapterHandle
 logger = logging.getLogger("gateway.adapters")
 
 
+# Upper bounds (seconds) of the load-latency histogram (validation + the engine's add_adapter).
+LOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
 class Residency(StrEnum):
     """Where an adapter is. ENGINE_SLOT: it has requests in the engine (in a slot or queued
     for one); CPU_CACHE: loaded in the engine's cache, idle; REGISTERED: known, not loaded."""
@@ -91,8 +95,11 @@ class AdapterRecord:
     requests: int = 0
     generated_tokens: int = 0
     loads: int = 0
+    cold_loads: int = 0  # loads a request waited for (not a preload)
     evictions: int = 0
     load_failures: int = 0
+    load_buckets: list[int] = field(default_factory=lambda: [0] * len(LOAD_BUCKETS))
+    load_seconds: float = 0.0  # total time of the loads
 
     @property
     def residency(self) -> Residency:
@@ -114,7 +121,17 @@ class AdapterRecord:
             rank=self.rank, inflight=self.inflight, requests=self.requests,
             generated_tokens=self.generated_tokens, loads=self.loads, evictions=self.evictions,
             load_failures=self.load_failures, last_used=self.last_used,
+            cold_loads=self.cold_loads, load_buckets=tuple(self.load_buckets),
+            load_seconds=self.load_seconds,
         )
+
+    def count_load(self, seconds: float, *, cold: bool) -> None:
+        self.loads += 1
+        self.cold_loads += cold
+        self.load_seconds += seconds
+        for index, bound in enumerate(LOAD_BUCKETS):
+            if seconds <= bound:
+                self.load_buckets[index] += 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,6 +150,9 @@ class AdapterSnapshot:
     evictions: int
     load_failures: int
     last_used: float  # time.monotonic() of the last request, 0.0 if never used
+    cold_loads: int = 0
+    load_buckets: tuple[int, ...] = ()  # cumulative counts per LOAD_BUCKETS bound
+    load_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,7 +375,7 @@ class AdapterRegistry:
         if record.resident and fingerprint(Path(record.handle.path)) != record.fingerprint:
             record = await self.reload_changed(record.name)  # never serve replaced weights
         if not record.resident:
-            record = await self._wait_resident(target, requested=name)
+            record = await self._wait_resident(target, requested=name, cold=True)
         record.inflight += 1
         record.requests += 1
         record.last_used = time.monotonic()
@@ -493,7 +513,9 @@ class AdapterRegistry:
                 logger.info("adapter folders: %s", report)
 
     # ---- residency ---------------------------------------------------------------------------
-    async def _wait_resident(self, name: str, *, requested: str) -> AdapterRecord:
+    async def _wait_resident(
+        self, name: str, *, requested: str, cold: bool = False
+    ) -> AdapterRecord:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.limits.wait_s
         while True:
@@ -501,7 +523,7 @@ class AdapterRegistry:
                 record = self._records.get(name)
                 if record is None:
                     raise AdapterNotFound(f"The model `{requested}` does not exist.")
-                if record.resident or await self._load_if_room(record):
+                if record.resident or await self._load_if_room(record, cold=cold):
                     return record
                 room = self._room
             remaining = deadline - loop.time()
@@ -513,7 +535,7 @@ class AdapterRegistry:
             with contextlib.suppress(TimeoutError):  # woken by room, or by an adapter settling
                 await asyncio.wait_for(room.wait(), min(remaining, self._settling_in()))
 
-    async def _load_if_room(self, record: AdapterRecord) -> bool:
+    async def _load_if_room(self, record: AdapterRecord, *, cold: bool = False) -> bool:
         """Under the lock: load `record` into the engine, evicting an idle adapter if needed.
         Returns False when every cached place is pinned or busy."""
         await self._rebind_if_changed(record)
@@ -525,13 +547,14 @@ class AdapterRegistry:
             if victim is None:
                 return False
             await self._evict(victim)
+        started = time.perf_counter()
         try:
             await self._engine.add_adapter(record.handle)
         except GatewayError:
             record.load_failures += 1
             raise
         record.resident = True
-        record.loads += 1
+        record.count_load(time.perf_counter() - started, cold=cold)
         return True
 
     async def _load_new(

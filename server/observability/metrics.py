@@ -15,13 +15,18 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Scope
 
-from server.core.adapters import AdapterRegistry, Residency
+from server.core.adapters import LOAD_BUCKETS, AdapterRegistry, AdapterSnapshot, Residency
 from server.core.admission import Admission
 from server.core.errors import GatewayError
 from server.core.lifecycle import Lifecycle, Role, State
@@ -377,6 +382,8 @@ class AdapterCollector(Collector):
         ("requests", "gateway_adapter_requests", "Generation requests run on the adapter."),
         ("generated_tokens", "gateway_adapter_generation_tokens", "Tokens generated with it."),
         ("loads", "gateway_adapter_loads", "Times the adapter was loaded into the engine."),
+        ("cold_loads", "gateway_adapter_cold_loads",
+         "Loads a request waited for (the adapter was not in the engine when it arrived)."),
         ("evictions", "gateway_adapter_evictions", "Times it was evicted from the engine."),
         ("load_failures", "gateway_adapter_load_failures", "Loads the engine refused."),
     )
@@ -410,6 +417,23 @@ class AdapterCollector(Collector):
         yield inflight
         yield pinned
         yield residency
+        yield _load_histogram(snapshots)
+
+
+def _load_histogram(snapshots: Sequence[AdapterSnapshot]) -> Metric:
+    family = HistogramMetricFamily(
+        "gateway_adapter_load_seconds",
+        "Time to load the adapter into the engine (file checks and the engine's add).",
+        labels=["adapter"],
+    )
+    for snap in snapshots:
+        buckets = [
+            (repr(bound), float(count)) for bound, count in zip(LOAD_BUCKETS, snap.load_buckets,
+                                                                 strict=False)
+        ]
+        buckets.append(("+Inf", float(snap.loads)))
+        family.add_metric([snap.name], buckets, sum_value=snap.load_seconds)
+    return family
 
 
 def prometheus_text(registries: Sequence[CollectorRegistry]) -> bytes:

@@ -211,3 +211,24 @@ def test_a_missing_state_file_is_an_empty_state_and_writes_are_whole(tmp_path: P
     write_state(path, [SavedAdapter("a", "/x")])
     assert read_state(path) == [SavedAdapter("a", "/x")]
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # no temporary left behind
+
+
+# ---- residency and load signals -------------------------------------------------------------
+async def test_cold_loads_and_load_latency_are_exported_per_adapter(folder: Path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from server.observability.metrics import AdapterCollector
+
+    registry, _ = registry_for(folder)
+    await registry.register("a1", str(folder / "a1"))  # preloaded: a load, not a cold one
+    await registry.register("a2", str(folder / "a2"), preload=False)
+    registry.release(await registry.acquire("a2"))  # a request waited for this load
+    snapshots = {s.name: s for s in registry.snapshots()}
+    assert (snapshots["a1"].loads, snapshots["a1"].cold_loads) == (1, 0)
+    assert (snapshots["a2"].loads, snapshots["a2"].cold_loads) == (1, 1)
+    prometheus = CollectorRegistry()
+    prometheus.register(AdapterCollector(registry))
+    text = generate_latest(prometheus).decode()
+    assert 'gateway_adapter_cold_loads_total{adapter="a2"} 1.0' in text
+    assert 'gateway_adapter_load_seconds_count{adapter="a1"} 1.0' in text
+    assert 'gateway_adapter_load_seconds_bucket{adapter="a2",le="+Inf"} 1.0' in text
