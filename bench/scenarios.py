@@ -749,6 +749,8 @@ def lora_copies(count: int, source: Path, folder: Path, prefix: str = "c") -> li
 
 def scenario_c(run: Run, plan: Plan) -> None:
     folder = RESULTS / "adapters-c"
+    for dropped in folder.glob(f"{FIRST_PREFIX}*"):  # dropped in after the start, every run
+        shutil.rmtree(dropped)
     names = lora_copies(64, DEMO / "adapters" / "a1", folder)
     engine = EngineSettings(max_loras=8, max_cpu_loras=8, adapter_dir=str(folder))
     run.note("engine", scenario="C", **_engine_note(engine))
@@ -776,7 +778,39 @@ def scenario_c(run: Run, plan: Plan) -> None:
                 )
                 run.window("C", "gateway", server, workload, label, rep=rep)
         cold_and_warm(run, server, names, prompts, plan)
+        first_requests(run, server, folder, prompts, plan)
         registration_cost(run, server, folder)
+    churn_on_demand(run, plan, prompts)
+
+
+FIRST_PREFIX = "f"
+
+
+def first_requests(
+    run: Run, server: Server, folder: Path, prompts: tuple[str, ...], plan: Plan
+) -> None:
+    """Adapters dropped into the served adapterDir after the start, one request each, one at a
+    time: each first request registers, validates, digests and loads its adapter."""
+    names = lora_copies(plan.c_single, DEMO / "adapters" / "a1", folder, FIRST_PREFIX)
+    workload = _c_single(prompts, tuple(names), plan.c_single)
+    run.window("C", "gateway", server, workload, "single-first-request")
+
+
+def churn_on_demand(run: Run, plan: Plan, prompts: tuple[str, ...]) -> None:
+    """64 adapters dropped into an empty adapterDir after the start, through `max_loras=2`
+    (4 cached places): every one is registered by its first request, then churned."""
+    folder = RESULTS / "adapters-c-churn"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    engine = EngineSettings(max_loras=2, max_cpu_loras=4, adapter_dir=str(folder))
+    server = start_arm("gateway", "C-churn", run, engine)
+    with session(server, run, "C", "gateway-churn"):
+        names = lora_copies(64, DEMO / "adapters" / "a1", folder, "o")
+        workload = Workload(
+            protocol="openai-completions", stream=True, max_tokens=16, prompts=prompts,
+            models=tuple(names), concurrency=16, requests=plan.c_requests, prompt_len=32,
+        )
+        run.window("C", "gateway-churn", server, workload, "64-on-demand-max-loras-2")
 
 
 def cold_and_warm(
