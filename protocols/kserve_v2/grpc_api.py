@@ -225,7 +225,7 @@ class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
     def _model_ref(self, name: str, version: str) -> ModelRef:
         return resolve_model(
             name, version or None, base_names=self.service.base_names,
-            adapters=frozenset(self.service.adapters.names()),
+            adapters=self.service.adapters,
         )
 
     async def _model(self, name: str, version: str, context: Context) -> ModelRef:
@@ -241,7 +241,7 @@ class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
         target = Target(
             model=model, request_id=request.id or f"kserve-{new_request_id()}",
             client_id=request.id or None, bounds=self.ctx.bounds,
-            adapters=frozenset(self.service.adapters.names()),
+            adapters=self.service.adapters,
             vocab_size=self.service.info().vocab_size, defaults=self.service.defaults(),
         )
         requested = tuple(o.name for o in request.outputs) or None

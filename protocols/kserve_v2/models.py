@@ -8,6 +8,7 @@ The backend's optional `image` input is not advertised: the served models are te
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,9 +61,10 @@ class ModelRef:
 
 
 def resolve_model(
-    name: str, version: str | None, *, base_names: frozenset[str], adapters: frozenset[str]
+    name: str, version: str | None, *, base_names: frozenset[str], adapters: Collection[str]
 ) -> ModelRef:
-    """The model a path names, or Triton's errors (unknown model or version → 404)."""
+    """The model a path names, or Triton's errors (unknown model or version → 404).
+    `adapters` may be the registry itself: it also knows adapterDir folders not loaded yet."""
     if version and not version.isdigit():
         raise InvalidRequest(
             f"failed to get model version from specified version string '{version}'"

@@ -179,7 +179,7 @@ class KserveApi:
         return resolve_model(
             request.path_params["model"], request.path_params.get("version"),
             base_names=self.service.base_names,
-            adapters=frozenset(self.service.adapters.names()),
+            adapters=self.service.adapters,
         )
 
     def target(self, request: Request, model: ModelRef, client_id: str | None) -> Target:
@@ -187,7 +187,7 @@ class KserveApi:
         request_id = client_id or request_id_header(request) or f"kserve-{current_request_id()}"
         return Target(
             model=model, request_id=request_id, client_id=client_id or None,
-            bounds=self.ctx.bounds, adapters=frozenset(self.service.adapters.names()),
+            bounds=self.ctx.bounds, adapters=self.service.adapters,
             vocab_size=self.service.info().vocab_size, defaults=self.service.defaults(),
         )
 

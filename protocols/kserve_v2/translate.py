@@ -22,7 +22,7 @@ Choices (documented where clients see them):
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -72,7 +72,7 @@ class Target:
     request_id: str  # the engine-facing id; stopInfer finds the request by it
     client_id: str | None  # the id the client sent (echoed only when non-empty)
     bounds: RequestBounds
-    adapters: frozenset[str]
+    adapters: Collection[str]  # the registry: `in` also finds adapterDir folders
     vocab_size: int
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
 

@@ -110,6 +110,31 @@ def test_the_first_request_may_come_from_huggingface_hub_chat(
     assert chat.choices[0].message.content == expected.choices[0].message.content
 
 
+@pytest.mark.parametrize("protocol", ["triton", "tgi", "mindie"])
+def test_every_protocol_serves_a_dropped_in_folder_on_its_first_request(
+    server: RunningServer, client: OpenAI, folder: Path, protocol: str
+) -> None:
+    name = f"first-{protocol}"
+    drop(folder, ADAPTERS / "a3", name)
+    expected = greedy(client, reference(client, ADAPTERS / "a3"))
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        if protocol == "triton":
+            r = http.post(f"/v2/models/{name}/generate", json={
+                "text_input": PROMPT, "exclude_input_in_output": True,
+                "parameters": {"max_tokens": 8, "temperature": 0}})
+            text = r.json()["text_output"]
+        elif protocol == "tgi":
+            r = http.post("/generate", json={"inputs": PROMPT, "parameters": {
+                "max_new_tokens": 8, "adapter_id": name}})
+            text = r.json()["generated_text"]
+        else:
+            r = http.post("/generate", json={"prompt": PROMPT, "model": name,
+                                             "max_tokens": 8, "temperature": 0})
+            text = r.json()["text"][0].removeprefix(PROMPT)  # vLLM's /generate echoes it
+    assert r.status_code == 200, r.text
+    assert text == expected
+
+
 def test_a_name_found_nowhere_is_still_a_404(client: OpenAI) -> None:
     with pytest.raises(openai.NotFoundError):
         greedy(client, "not-in-any-folder")
