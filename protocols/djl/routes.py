@@ -1,7 +1,8 @@
 """DJL Serving / SageMaker routes.
 
-Data plane (`data_routes`): GET|POST /ping, POST /predictions/{model}[/{version}]; `invocations`
-serves the DJL bodies of the shared POST /invocations (the gateway dispatches by body keys).
+Data plane (`data_routes`): GET|POST /ping, POST /predictions/{model}[/{version}] and POST
+/invocations, whose `messages` and `prompt` bodies OpenAI's routes claim (the gateway dispatches
+by body keys; DJL's adapter selectors apply to every shape: `server/http/sagemaker.py`).
 `{model}` is a served base-model name or a DJL workflow name (an alias of its adapter). Answers
 are in LMI's async-mode schema, or its rolling-batch one with `option.rolling_batch=vllm`
 (`responses.py`).
@@ -37,7 +38,7 @@ from server.core.errors import (
 )
 from server.core.lifecycle import State
 from server.core.types import Delta, GenerationEvent, Started
-from server.http import jsonio
+from server.http import jsonio, sagemaker
 from server.http.body import decode_json, parse_model, read_body, request_id_header
 from server.http.context import ProtocolContext, current_request_id
 from server.http.disconnect import until_disconnect
@@ -103,8 +104,10 @@ async def _health(ctx: ProtocolContext) -> tuple[int, str]:
 
 
 def predictions(ctx: ProtocolContext) -> Endpoint:
+    """LMI inference on `/predictions/{model}`: the base model or a workflow."""
+
     async def endpoint(request: Request) -> Answer:
-        return await _infer(ctx, request, _target(ctx, request.path_params["model"]))
+        return await _infer(ctx, request)
 
     return endpoint
 
@@ -113,20 +116,9 @@ def invocations(ctx: ProtocolContext) -> Endpoint:
     """SageMaker `/invocations` with an LMI body; `?model_name=` may name a workflow."""
 
     async def endpoint(request: Request) -> Answer:
-        model = request.query_params.get("model_name")
-        return await _infer(ctx, request, _target(ctx, model) if model else None)
+        return await _infer(ctx, request)
 
     return endpoint
-
-
-def _target(ctx: ProtocolContext, model: str) -> str | None:
-    """A model in the path: None for the base model, the workflow name for a workflow."""
-    service = ctx.service
-    if model in service.base_names:
-        return None
-    if model in service.adapters.aliases():
-        return model
-    raise ModelNotFound(f"Model or workflow not found: {model}", param=None)
 
 
 T = TypeVar("T")
@@ -144,10 +136,11 @@ async def _registered(work: Awaitable[T]) -> T:
         ) from None
 
 
-async def _infer(ctx: ProtocolContext, request: Request, workflow: str | None) -> Answer:
+async def _infer(ctx: ProtocolContext, request: Request) -> Answer:
+    chosen = sagemaker.selectors(request, ctx.service)
     body = parse_model(LmiRequest, decode_json(await read_body(request, ctx.max_body_bytes)))
     texts = translate.input_texts(body, ctx.bounds)
-    models = [workflow] * len(texts) if workflow else _adapters(ctx, request, body, len(texts))
+    models = _adapters(ctx, chosen.names(len(texts), body.adapters) or [""] * len(texts))
     plan = translate.to_plan(
         body,
         request_id=request_id_header(request) or current_request_id(),
@@ -175,16 +168,8 @@ async def _infer(ctx: ProtocolContext, request: Request, workflow: str | None) -
     )
 
 
-def _adapters(ctx: ProtocolContext, request: Request, body: LmiRequest, count: int) -> list[str]:
-    headers = request.headers
-    selectors = translate.Selectors(
-        query=request.query_params.get("adapter"),
-        custom_attributes=translate.custom_attribute_adapter(
-            headers.get("x-amzn-sagemaker-custom-attributes")
-        ),
-        header=headers.get("x-amzn-sagemaker-adapter-identifier"),
-    )
-    names = translate.select_adapters(body, selectors, count)
+def _adapters(ctx: ProtocolContext, names: list[str]) -> list[str]:
+    """DJL's answer for a name that is no adapter (or workflow): djl_python's 424."""
     for name in names:
         if name and name not in ctx.service.adapters:
             raise AdapterNotFound(f"Adapter {name} is not registered", param="adapters")

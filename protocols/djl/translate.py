@@ -1,10 +1,9 @@
 """DJL translation, pure: LMI bodies → `GenerationRequest`s (their answers: `responses.py`),
 adapter management forms → registrations, registry records → DJL JSON, DJL pagination.
 
-Adapter selection for inference (documented precedence, as djl_python reads them, later wins):
-body `adapters` < query `?adapter=` < `X-Amzn-SageMaker-Custom-Attributes: adapter=<name>` <
-`X-Amzn-SageMaker-Adapter-Identifier`. A single name (from any source, or a string `adapters`)
-applies to every input; a list must have one entry per input; `""` is the base model.
+Which adapter each input runs on (body `adapters`, `?adapter=`, the SageMaker headers, a
+workflow) is chosen by `server/http/sagemaker.py`, shared with the other body shapes of
+`/invocations`; `to_plan` takes the result.
 
 Sampling follows LMI's vLLM mapping; a field the request leaves out takes the model's default
 (its `generation_config.json`) where LMI would leave vLLM's, the greedy rule keeping temperature 0.
@@ -196,43 +195,6 @@ def to_list(records: Sequence[AdapterRecord], query: Mapping[str, str]) -> dict[
 
 
 # ---- inference: request ----------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Selectors:
-    """Where a DJL request may name its adapter(s), lowest precedence first."""
-
-    query: str | None = None
-    custom_attributes: str | None = None
-    header: str | None = None
-
-
-def custom_attribute_adapter(header: str | None) -> str | None:
-    """`adapter=<name>` inside `X-Amzn-SageMaker-Custom-Attributes` (`k=v;k2=v2` or `,`)."""
-    if not header:
-        return None
-    for part in header.replace(",", ";").split(";"):
-        key, sep, value = part.partition("=")
-        if sep and key.strip().lower() == "adapter":
-            return value.strip()
-    return None
-
-
-def select_adapters(body: LmiRequest, selectors: Selectors, count: int) -> list[str]:
-    """One adapter name per input ("" = base)."""
-    chosen: str | list[str] | None = body.adapters
-    for override in (selectors.query, selectors.custom_attributes, selectors.header):
-        if override is not None:
-            chosen = override
-    if chosen is None:
-        return [""] * count
-    if isinstance(chosen, str):
-        return [chosen] * count
-    if len(chosen) != count:
-        raise InvalidRequest(
-            "Number of adapters is not equal to the number of inputs", param="adapters"
-        )
-    return list(chosen)
-
 
 def input_texts(body: LmiRequest, bounds: RequestBounds) -> list[str]:
     texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)

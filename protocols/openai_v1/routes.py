@@ -2,8 +2,9 @@
 
 Each endpoint parses, translates, calls the service and encodes; errors render through
 `errors.render` before the first byte and in-band (`data: {"error": ...}` + `[DONE]`) after it.
-Shared paths: SageMaker's `/invocations` with `messages` (chat) or `prompt` (completions), and
-vLLM's `/tokenize` with `prompt` or `messages`; bodies without them go to the other protocols.
+Shared paths: SageMaker's `/invocations` and DJL's `/predictions/{model}` with `messages` (chat)
+or `prompt` (completions), where DJL's adapter selectors name the model, and vLLM's `/tokenize`
+with `prompt` or `messages`; bodies without them go to the other protocols.
 """
 
 from __future__ import annotations
@@ -43,12 +44,14 @@ from server.http.routes import (
     Route,
     RouteList,
 )
+from server.http.sagemaker import selectors as sagemaker_selectors
 from server.http.streaming import EventStreamAnswer
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 SSE_MEDIA_TYPE = "text/event-stream; charset=utf-8"  # as vLLM's StreamingResponse
-ADAPTER_HEADER = "x-amzn-sagemaker-adapter-identifier"
 NAME = "openai"
+# Shared with DJL's LMI bodies; DJL's adapter selectors apply there (server/http/sagemaker.py).
+SAGEMAKER_PATHS = ("/invocations", "/predictions/{model}", "/predictions/{model}/{version}")
 
 
 def routes(ctx: ProtocolContext) -> list[Route]:
@@ -60,12 +63,14 @@ def routes(ctx: ProtocolContext) -> list[Route]:
              doc=Doc(summary="Chat completion", body=schema.ChatCompletionRequest, streams=True))
     out.post("/v1/completions", complete,
              doc=Doc(summary="Completion", body=schema.CompletionRequest, streams=True))
-    out.post("/invocations", chat, claim=has_key("messages"),
-             doc=Doc(summary="SageMaker: chat (`messages`)", body=schema.ChatCompletionRequest,
-                     streams=True))
-    out.post("/invocations", complete, claim=has_key("prompt"),
-             doc=Doc(summary="SageMaker: completion (`prompt`)", body=schema.CompletionRequest,
-                     streams=True))
+    sm_chat, sm_complete = chat_completions(ctx, sagemaker=True), completions(ctx, sagemaker=True)
+    for path in SAGEMAKER_PATHS:
+        out.post(path, sm_chat, claim=has_key("messages"),
+                 doc=Doc(summary="SageMaker / DJL: chat (`messages`)",
+                         body=schema.ChatCompletionRequest, streams=True))
+        out.post(path, sm_complete, claim=has_key("prompt"),
+                 doc=Doc(summary="SageMaker / DJL: completion (`prompt`)",
+                         body=schema.CompletionRequest, streams=True))
     store = responses.ResponseStore()
     out.post("/v1/responses", create_response(ctx, store),
              doc=Doc(summary="Responses API", body=schema.ResponsesRequest, streams=True))
@@ -122,13 +127,12 @@ def _sse(
     return EventStreamAnswer(events, _Sse(encoder), media_type=SSE_MEDIA_TYPE)
 
 
-def chat_completions(ctx: ProtocolContext) -> Endpoint:
+def chat_completions(ctx: ProtocolContext, *, sagemaker: bool = False) -> Endpoint:
+    """`sagemaker`: on SAGEMAKER_PATHS, where DJL's adapter selectors name the model."""
     service = ctx.service
 
     async def create_chat_completion(request: Request) -> Answer:
-        body = _with_adapter_header(
-            request, await _body(request, ctx, schema.ChatCompletionRequest)
-        )
+        body = await _body(request, ctx, schema.ChatCompletionRequest, sagemaker=sagemaker)
         info = service.info()
         plan = tools.chat_plan(body, tool_call_parser=info.tool_call_parser)
         gen = translate.chat_request(
@@ -147,11 +151,12 @@ def chat_completions(ctx: ProtocolContext) -> Endpoint:
     return create_chat_completion
 
 
-def completions(ctx: ProtocolContext) -> Endpoint:
+def completions(ctx: ProtocolContext, *, sagemaker: bool = False) -> Endpoint:
+    """`sagemaker`: on SAGEMAKER_PATHS, where DJL's adapter selectors name the model."""
     service = ctx.service
 
     async def create_completion(request: Request) -> Answer:
-        body = _with_adapter_header(request, await _body(request, ctx, schema.CompletionRequest))
+        body = await _body(request, ctx, schema.CompletionRequest, sagemaker=sagemaker)
         gens = translate.completion_requests(
             body, request_id=_request_id(request, body), bounds=ctx.bounds,
             defaults=service.defaults(),
@@ -402,9 +407,17 @@ def version(ctx: ProtocolContext) -> Endpoint:
 # ---- helpers ------------------------------------------------------------------------------------
 
 
-async def _body(request: Request, ctx: ProtocolContext, model: type[ModelT]) -> ModelT:
+async def _body(
+    request: Request, ctx: ProtocolContext, model: type[ModelT], *, sagemaker: bool = False
+) -> ModelT:
+    """The wire model; with `sagemaker`, its `model` is what DJL's selectors name, if any (one
+    request: `adapters` is one name, or a list of one; vLLM copies the Identifier header the
+    same way)."""
+    chosen = sagemaker_selectors(request, ctx.service) if sagemaker else None
     data = await read_json(request, ctx.max_body_bytes, strict_content_type=True)
-    return _parse(model, data)
+    body = _parse(model, data)
+    names = None if chosen is None else chosen.names(1, data.get("adapters"))
+    return body if names is None else body.model_copy(update={"model": names[0]})
 
 
 def _parse(model: type[ModelT], data: Any) -> ModelT:
@@ -461,14 +474,6 @@ def _clean_param(param: str | None) -> str | None:
     markers = {"str", "int", "float", "bool", "list", "dict", "none"}
     parts = [p for p in param.split(".") if p not in markers and not any(c in p for c in "[](){}")]
     return ".".join(parts) or None
-
-
-def _with_adapter_header(request: Request, body: ModelT) -> ModelT:
-    """SageMaker `/invocations` names the adapter in a header, which vLLM copies into `model`."""
-    if request.scope["path"] != "/invocations":
-        return body
-    adapter = request.headers.get(ADAPTER_HEADER)
-    return body.model_copy(update={"model": adapter}) if adapter else body
 
 
 def _request_id(

@@ -20,7 +20,7 @@ from protocols.tgi.schema import GenerateRequest
 from server.core.errors import AdapterNotFound, GatewayError
 from server.core.service import PromptFit
 from server.core.types import Delta, GenerationEvent, GenerationRequest, Started
-from server.http import jsonio
+from server.http import jsonio, sagemaker
 from server.http.body import decode_json, json_response, parse_model, read_body, request_id_header
 from server.http.context import ProtocolContext, current_request_id
 from server.http.disconnect import until_disconnect
@@ -29,7 +29,6 @@ from server.http.streaming import EventStreamAnswer, sse_event
 
 COMPUTE_TYPE = "vllm"
 NAME = "tgi"
-SAGEMAKER_ADAPTER_HEADER = "x-amzn-sagemaker-adapter-identifier"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -211,11 +210,13 @@ def compat(ctx: ProtocolContext) -> Endpoint:
 
 
 def invocations(ctx: ProtocolContext) -> Endpoint:
-    """SageMaker `/invocations` with a TGI body: TGI's `POST /` (`sagemaker.rs`). SageMaker's
-    adapter header, when sent, names the adapter (as vLLM reads it) over `adapter_id`."""
+    """SageMaker `/invocations` with a TGI body: TGI's `POST /` (`sagemaker.rs`). DJL's adapter
+    selectors (`?adapter=`, `?model_name=`, the SageMaker headers; `server/http/sagemaker.py`)
+    name the adapter over `parameters.adapter_id`."""
 
     async def endpoint(request: Request) -> Answer:
-        return await _compat(ctx, request, request.headers.get(SAGEMAKER_ADAPTER_HEADER))
+        names = sagemaker.selectors(request, ctx.service).names(1)
+        return await _compat(ctx, request, None if names is None else names[0])
 
     return endpoint
 

@@ -116,7 +116,8 @@ def plan(
     what the request leaves out takes the model's `defaults`. `full_text` is what an omitted
     `return_full_text` means: false on `/generate*`; on `POST /` (and SageMaker's
     `/invocations`) TGI's pipeline default, true for a text-generation model (`server.rs`).
-    `adapter` (SageMaker's header) wins over `parameters.adapter_id`."""
+    `adapter` (what DJL's selectors name on SageMaker's `/invocations`; "" = base) wins over
+    `parameters.adapter_id`."""
     p = body.parameters if body.parameters is not None else Parameters(do_sample=True)
     best_of = 1 if p.best_of is None else p.best_of
     sampling = _sampling_wanted(p)
@@ -130,7 +131,7 @@ def plan(
     wants_logprobs = top_n > 0 or details or best_of > 1
     return Plan(
         inputs=body.inputs,
-        adapter=adapter or p.adapter_id or "",
+        adapter=(p.adapter_id or "") if adapter is None else adapter,
         sampling=with_model_defaults(
             _to_sampling(p, sampling, best_of), defaults, omitted_fields(p, DEFAULTED),
             greedy=not sampling,

@@ -108,39 +108,6 @@ def test_pagination_refuses_non_integers() -> None:
         translate.page({"limit": "ten"}, 5)
 
 
-# ---- adapter selection -------------------------------------------------------------------------
-
-def test_selection_precedence_body_then_query_then_attributes_then_header() -> None:
-    body = lmi({"inputs": ["x", "y"], "adapters": ["a1", ""]})
-    assert translate.select_adapters(body, translate.Selectors(), 2) == ["a1", ""]
-    assert translate.select_adapters(body, translate.Selectors(query="q"), 2) == ["q", "q"]
-    chosen = translate.Selectors(query="q", custom_attributes="c")
-    assert translate.select_adapters(body, chosen, 2) == ["c", "c"]
-    chosen = translate.Selectors(query="q", custom_attributes="c", header="h")
-    assert translate.select_adapters(body, chosen, 2) == ["h", "h"]
-
-
-def test_no_adapter_means_base_and_a_string_applies_to_every_input() -> None:
-    assert translate.select_adapters(lmi({"inputs": "x"}), translate.Selectors(), 1) == [""]
-    body = lmi({"inputs": ["x", "y"], "adapters": "a1"})
-    assert translate.select_adapters(body, translate.Selectors(), 2) == ["a1", "a1"]
-
-
-def test_adapter_count_mismatch_is_an_error() -> None:
-    body = lmi({"inputs": ["x", "y"], "adapters": ["a1"]})
-    with pytest.raises(InvalidRequest, match="Number of adapters is not equal"):
-        translate.select_adapters(body, translate.Selectors(), 2)
-
-
-@pytest.mark.parametrize(
-    ("header", "expected"),
-    [("adapter=a1", "a1"), ("x=1;adapter=a2", "a2"), ("x=1, adapter = a3", "a3"), ("x=1", None),
-     (None, None)],
-)
-def test_custom_attributes_adapter(header: str | None, expected: str | None) -> None:
-    assert translate.custom_attribute_adapter(header) == expected
-
-
 # ---- sampling and plans --------------------------------------------------------------------------
 
 def test_lmi_defaults_are_greedy_with_30_new_tokens() -> None:

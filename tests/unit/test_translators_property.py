@@ -32,6 +32,7 @@ from server.core.types import GenerationRequest, Sampling
 from server.http import jsonio
 from server.http.body import decode_json, parse_model
 from server.http.context import RequestBounds
+from server.http.sagemaker import Selectors
 from server.http.streaming import sse_event
 
 BOUNDS = RequestBounds()
@@ -320,7 +321,7 @@ def test_mindie_vllm_translator(data: Any) -> None:
 def djl_invocation(data: Any) -> list[GenerationRequest]:
     body = parse_model(djl_schema.LmiRequest, data)
     texts = djl.input_texts(body, BOUNDS)
-    models = djl.select_adapters(body, djl.Selectors(), len(texts))
+    models = Selectors().names(len(texts), body.adapters) or [""] * len(texts)
     return list(djl.to_plan(body, request_id="r", models=models, bounds=BOUNDS).requests)
 
 
