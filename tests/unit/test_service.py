@@ -193,6 +193,10 @@ async def test_abort_all_turns_running_streams_into_in_band_errors() -> None:
 
 
 # ---- fairness across adapters in the admission queue -------------------------------------------
+def sample_of(gateway: Gateway, name: str, **labels: str) -> float | None:
+    return gateway.metrics.registry.get_sample_value(name, labels)
+
+
 async def fair_gateway(*, fair: bool = True, script: FakeScript | None = None) -> Gateway:
     """Adapters a1..a3 on the fake engine, 2 slots, room to queue."""
     demo = unit_demo()
@@ -205,6 +209,9 @@ async def fair_gateway(*, fair: bool = True, script: FakeScript | None = None) -
     )
     await register_startup_adapters(gateway)
     return gateway
+
+
+DEMO_ADAPTERS = ("a1", "a2", "a3")
 
 
 async def queue_up(service: InferenceService, waiting: int) -> None:
@@ -227,6 +234,9 @@ async def test_a_cold_adapter_waits_for_one_hot_request_not_the_hot_backlog(
 
     hot = [asyncio.create_task(run(f"hot{i}", "a1")) for i in range(12)]
     await queue_up(service, 10)
+    gauge = "gateway_adapter_requests_queued"
+    queued = {a: sample_of(gateway, gauge, adapter=a) for a in DEMO_ADAPTERS}
+    assert queued == {"a1": 10, "a2": 0, "a3": 0}
     cold = asyncio.create_task(run("cold", "a2"))
     await queue_up(service, 11)
     assert service.admission.queued() == {"a1": 10, "a2": 1}
