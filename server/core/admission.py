@@ -11,17 +11,17 @@ queue is FIFO. With `Limits.fair` (the default) a freed slot goes to the head of
 turn, round-robin over the keys that have waiters: a key joins the end of the turn order with
 its first waiter, moves to the end after each grant and leaves when its queue is empty. So a
 cold adapter's request waits for at most one grant to each key ahead of it, not for a hot
-adapter's whole backlog. Without `fair` the oldest head of all queues goes first: one FIFO, as
-before. Either way a head that does not fit the free slots (a batch) waits and nothing overtakes
+adapter's whole backlog. Without `fair` the oldest head of all queues goes first: one FIFO.
+Either way a head that does not fit the free slots (a batch) waits and nothing overtakes
 it, and with a single key both are the same FIFO.
 
-The per-adapter queues follow LoRAX's router (predibase/lorax, router/src/queue.rs,
-`AdapterQueuesState`): one FIFO per adapter, an adapter enters the rotation with its first
-queued request (`pending_adapters.push_back`) and leaves it once idle. LoRAX passes the turn on
-a time slice (`adapter_cycle_time_s`, 2 s) because it swaps adapters in GPU memory, and within
-its active set takes the oldest head (`get_oldest_active_adapter`, our `fair=False` rule); here
-nothing is swapped at admission (the registry and vLLM's `max_loras` handle residency), so the
-turn passes after every grant.
+The per-adapter queues follow LoRAX's router (predibase/lorax, router/src/queue.rs as of
+65d8529a, `AdapterQueuesState`): one FIFO per adapter, an adapter enters the rotation with its
+first queued request (`pending_adapters.push_back`) and leaves it once idle. LoRAX passes the
+turn on a time slice (`adapter_cycle_time_s`, 2 s) because it swaps adapters in GPU memory, and
+within its active set takes the oldest head (`get_oldest_active_adapter`, our `fair=False`
+rule); here nothing is swapped at admission (the registry and vLLM's `max_loras` handle
+residency), so the turn passes after every grant.
 """
 
 from __future__ import annotations
