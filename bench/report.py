@@ -1192,9 +1192,86 @@ def c_section(results: Results) -> tuple[str, dict[str, Any]]:
         parts.append(
             f"Adapter registration through DJL's API failed: {registration[0]['errors'][:2]}\n"
         )
+    fairness_text, figures["fairness"] = c_fairness(results)
+    if fairness_text:
+        parts.append(fairness_text)
     _plot_c(figures)
     parts.append("![Scenario C](plots/c_lora.png)\n")
     return "\n".join(parts), figures
+
+
+FAIR_RATIOS = (
+    ("cold adapters' TTFT median", "cold"),
+    ("cold adapters' TTFT p90", "cold90"),
+    ("hot adapter's TTFT median", "hot"),
+    ("requests/s (all)", "req"),
+)
+
+
+def c_fairness(results: Results) -> tuple[str, dict[str, Any]]:
+    """The skewed mix with `fairAdmission` on and off: TTFT of the cold adapters' requests and
+    of the hot one's, per window, and fair / FIFO as the median of the per-round ratios."""
+    windows = [w for w in results.select("C") if w["label"] == "skewed-mix"]
+    if not windows:
+        return "", {}
+    windows.sort(key=lambda w: (w["tags"].get("round"), not w["tags"].get("first")))
+    records = _records_of(results, {w["id"] for w in windows})
+    rounds: dict[Any, dict[str, dict[str, float | None]]] = defaultdict(dict)
+    rows = []
+    for w in windows:
+        models = w["workload"]["models"]
+        hot = max(set(models), key=models.count)
+        cold = summarize([r for r in records[w["id"]] if r["model"] != hot], w["duration_s"])
+        warm = summarize([r for r in records[w["id"]] if r["model"] == hot], w["duration_s"])
+        found = {
+            "cold": pick(cold, "ttft_ms.median"), "cold90": pick(cold, "ttft_ms.p90"),
+            "hot": pick(warm, "ttft_ms.median"), "req": pick(w["summary"], "req_per_s"),
+        }
+        rounds[w["tags"].get("round")][w["arm"]] = found
+        rows.append([
+            str(w["tags"].get("round")), w["arm"], "yes" if w["tags"].get("first") else "no",
+            str(cold["completed"]), fmt(found["cold"]), fmt(found["cold90"]), fmt(found["hot"]),
+            fmt(found["req"]), str(w["summary"]["failed"]),
+        ])  # fmt: skip
+    ratios = {
+        key: [ratio(r["fair"][key], r["fifo"][key]) for r in rounds.values() if len(r) == 2]
+        for _, key in FAIR_RATIOS
+    }
+    work = windows[0]["workload"]
+    models = work["models"]
+    hot = max(set(models), key=models.count)
+    cold_names = sorted(set(models) - {hot})
+    slots = windows[0]["tags"]["slots"]
+    text = "\n".join([
+        "### Skewed mix: fairness across adapters\n",
+        f"{work['concurrency']} streamed completions in flight (closed loop) against "
+        f"{slots} admission slots (`maxConcurrentRequests`), so a queue forms; "
+        f"{work['max_tokens']} output tokens, {work['prompt_len']}-token prompts; "
+        f"{round(100 * models.count(hot) / len(models))} % of the requests on adapter `{hot}`, "
+        f"the rest spread evenly over {', '.join(f'`{n}`' for n in cold_names)}; "
+        f"{work['requests']} requests per window after a warm-up that uses every adapter. Arms: "
+        "`fairAdmission` on (`fair`: the queue serves adapters in turn) and off (`fifo`: one "
+        "queue in arrival order), a fresh gateway per window, the arms alternating which runs "
+        "first each round. Ratios fair / fifo, median of the per-round ratios.\n",
+        table(["round", "arm", "first", "cold requests", "cold TTFT median ms",
+               "cold TTFT p90 ms", "hot TTFT median ms", "requests/s", "failed"], rows),
+        "",
+        table(["fair / fifo", "median", "min–max", "rounds"], [
+            [name, fmt_ratio(median(ratios[key])), fmt_spread(spread(ratios[key])),
+             str(len([r for r in ratios[key] if r is not None]))]
+            for name, key in FAIR_RATIOS
+        ]),
+        "",
+    ])  # fmt: skip
+    return text, {key: median(found) for key, found in ratios.items()}
+
+
+def _records_of(results: Results, ids: set[int]) -> dict[int, list[Row]]:
+    out: dict[int, list[Row]] = defaultdict(list)
+    for record in read_jsonl(results.dir / "requests.jsonl"):
+        if record["window"] in ids:
+            out[record["window"]].append(record)
+    return out
 
 
 def _drop_first(window: Row, results: Results, count: int) -> dict[str, Any]:

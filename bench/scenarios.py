@@ -13,7 +13,9 @@ B  protocol-layer ceiling: gateway on the zero-delay FakeEngine vs a bare Starle
    1, 8 and 32 prompts on the fake engine with a per-token delay.
    Server pinned to CPU 0, load generator (Python or wrk) to CPU 1.
 C  multi-LoRA on the gateway: base, 1 adapter, 8 adapters (max_loras=8), 64 adapters
-   (max_loras=8: LRU churn), and the cold-vs-warm cost of one adapter.
+   (max_loras=8: LRU churn), and the cold-vs-warm cost of one adapter. Then a skewed mix (90 %
+   of requests on one adapter) against few admission slots, on a gateway with fairAdmission
+   and one without, alternating which starts first each round.
 D  scaling on both servers: concurrency 1-64, prompt length 16-1024, and an open-loop rate sweep.
 """
 
@@ -100,6 +102,10 @@ class Plan:
     c_reps: int = 2
     c_requests: int = 160
     c_single: int = 24
+    c_fair_rounds: int = 3
+    c_fair_requests: int = 400
+    c_fair_concurrency: int = 16  # in flight, against c_fair_slots admission slots: a queue
+    c_fair_slots: int = 4
     d_concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     d_prompt_lens: tuple[int, ...] = (16, 64, 256, 1024)
     d_rates: tuple[float, ...] = (25.0, 50.0, 100.0, 200.0)
@@ -128,6 +134,8 @@ QUICK = Plan(
     c_reps=1,
     c_requests=48,
     c_single=6,
+    c_fair_rounds=1,
+    c_fair_requests=160,
     d_concurrency=(1, 16, 64),
     d_prompt_lens=(16, 1024),
     d_rates=(50.0,),
@@ -781,6 +789,7 @@ def scenario_c(run: Run, plan: Plan) -> None:
         first_requests(run, server, folder, prompts, plan)
         registration_cost(run, server, folder)
     churn_on_demand(run, plan, prompts)
+    skewed_mix(run, plan, engine, names, prompts)
 
 
 FIRST_PREFIX = "f"
@@ -857,6 +866,50 @@ def registration_cost(run: Run, server: Server, folder: Path) -> None:
             else:
                 errors.append(f"{response.status_code} {response.text[:120]}")
     run.note("registration", scenario="C", ms=timings, errors=errors)
+
+
+FAIR_ARMS = ("fair", "fifo")
+HOT_PER_COLD = 9  # 90 % of requests on the hot adapter
+
+
+def skewed_models(hot: str, cold: tuple[str, ...]) -> tuple[str, ...]:
+    """The request mix, assigned round-robin: nine requests on `hot`, then one on the next cold
+    adapter, so the cold requests are spread evenly through the window."""
+    return tuple(m for c in cold for m in (*(hot,) * HOT_PER_COLD, c))
+
+
+def skewed_mix(
+    run: Run, plan: Plan, engine: EngineSettings, names: list[str], prompts: tuple[str, ...]
+) -> None:
+    """The fairness effect: a skewed mix (one hot adapter, three cold ones) at more requests in
+    flight than admission slots, so a queue forms, on a gateway with `fairAdmission` (the
+    queue serves adapters in turn) and one without (one FIFO), alternating which arm starts
+    first each round; one server at a time, restarted per session."""
+    models = skewed_models(names[0], tuple(names[1:4]))
+    workload = Workload(
+        protocol="openai-completions",
+        stream=True,
+        max_tokens=16,
+        prompts=prompts,
+        models=models,
+        concurrency=plan.c_fair_concurrency,
+        requests=plan.c_fair_requests,
+        warmup=len(models),  # every adapter of the mix loaded before timing
+        prompt_len=32,
+    )
+    for rnd in range(plan.c_fair_rounds):
+        for position, arm in enumerate(rotated(FAIR_ARMS, rnd)):
+            name = f"C-{arm}-r{rnd}"
+            limits = {"maxConcurrentRequests": plan.c_fair_slots, "fairAdmission": arm == "fair"}
+            print(f"  starting {name} ...", flush=True)
+            server = start_gateway(
+                name, run.logs, engine_settings=engine, overrides={"LimitsConfig": limits}
+            )
+            with session(server, run, "C", arm, round=rnd):
+                run.window(
+                    "C", arm, server, workload, "skewed-mix",
+                    round=rnd, first=position == 0, slots=plan.c_fair_slots,
+                )  # fmt: skip
 
 
 # -- D ---------------------------------------------------------------------------------------

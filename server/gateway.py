@@ -285,6 +285,7 @@ def service_limits(settings: Settings) -> Limits:
     return Limits(
         max_concurrent=limits.max_concurrent_requests,
         max_queue=limits.max_queue,
+        fair=limits.fair_admission,
         queue_timeout_s=limits.queue_timeout_s,
         request_timeout_s=limits.request_timeout_s,
     )

@@ -2,11 +2,12 @@
 policy. Protocols never see the engine: they tokenize, describe the model, check names and
 generate through this class.
 
-Generation: lifecycle gate → admission (concurrency + bounded queue; a batch's prompts are
-admitted together) → model/adapter resolution → prompt fitting (after admission, so a refused
-request costs no tokenization) → engine → an `EventStream` primed up to its first output, so
-errors before the first byte raise here and get a real status. Closing the stream (client gone,
-stopInfer, drain) aborts the engine request and releases everything it held.
+Generation: lifecycle gate → admission (concurrency + bounded queue served round-robin across
+adapters; a batch's prompts are admitted together) → model/adapter resolution → prompt fitting
+(after admission, so a refused request costs no tokenization) → engine → an `EventStream`
+primed up to its first output, so errors before the first byte raise here and get a real
+status. Closing the stream (client gone, stopInfer, drain) aborts the engine request and
+releases everything it held.
 """
 
 from __future__ import annotations
@@ -182,13 +183,14 @@ class InferenceService:
 
     # ---- internals ---------------------------------------------------------------------------
     async def _admit(self, requests: Sequence[GenerationRequest]) -> None:
-        """Gate and admission for all of `requests` at once; each then holds one slot."""
+        """Gate and admission for all of `requests` at once; each then holds one slot. A batch
+        waits in the queue of its first request's adapter."""
         count = len(requests)
         try:
             self._gate()
             self.lifecycle.enter(count)
             try:
-                await self.admission.acquire(count)
+                await self.admission.acquire(count, self._queue_key(requests[0]))
                 if self._abort_reason is not None:
                     self.admission.release(count)
                     raise self._abort_reason
@@ -199,6 +201,15 @@ class InferenceService:
             for request in requests:
                 self.observer.rejected(request, exc.error_type)
             raise
+
+    def _queue_key(self, request: GenerationRequest) -> str:
+        """The admission queue a request waits in: its adapter's registered name (a workflow
+        alias shares its adapter's), "" for the base model; an unknown name (refused once
+        admitted) its own."""
+        name = request.model
+        if not name or name in self.base_names:
+            return ""
+        return self.adapters.resolve(name).name if name in self.adapters else name
 
     def _gate(self) -> None:
         if not self.lifecycle.accepting:

@@ -174,7 +174,7 @@ class GatewayMetrics:
         self._responses: dict[tuple[str, str, int], Value] = {}
         self._declare(registry)
         registry.register(LiveStateCollector(live))
-        registry.register(AdapterCollector(live.adapters))
+        registry.register(AdapterCollector(live.adapters, live.admission))
 
     def label(self, protocol: str) -> str:
         """The closed-set label of a request's protocol."""
@@ -375,8 +375,9 @@ class LiveStateCollector(Collector):
 
 
 class AdapterCollector(Collector):
-    """Per-adapter series read from the registry at scrape time. The `adapter` label takes only
-    names of registered adapters (the registry's records), never raw request input."""
+    """Per-adapter series read from the registry (and the admission queue) at scrape time. The
+    `adapter` label takes only names of registered adapters (the registry's records), never raw
+    request input."""
 
     _COUNTERS = (
         ("requests", "gateway_adapter_requests", "Generation requests run on the adapter."),
@@ -388,8 +389,9 @@ class AdapterCollector(Collector):
         ("load_failures", "gateway_adapter_load_failures", "Loads the engine refused."),
     )
 
-    def __init__(self, adapters: AdapterRegistry) -> None:
+    def __init__(self, adapters: AdapterRegistry, admission: Admission) -> None:
         self._adapters = adapters
+        self._admission = admission
 
     def collect(self) -> Iterable[Metric]:
         snapshots = self._adapters.snapshots()
@@ -402,6 +404,11 @@ class AdapterCollector(Collector):
             "gateway_adapter_requests_inflight", "Requests running on the adapter now.",
             labels=["adapter"],
         )
+        queued = GaugeMetricFamily(
+            "gateway_adapter_requests_queued", "Requests waiting for an admission slot.",
+            labels=["adapter"],
+        )
+        waiting = self._admission.queued()
         pinned = GaugeMetricFamily("gateway_adapter_pinned", "1 if pinned.", labels=["adapter"])
         residency = GaugeMetricFamily(
             "gateway_adapter_residency",
@@ -411,10 +418,12 @@ class AdapterCollector(Collector):
         )
         for snap in snapshots:
             inflight.add_metric([snap.name], float(snap.inflight))
+            queued.add_metric([snap.name], float(waiting.get(snap.name, 0)))
             pinned.add_metric([snap.name], 1.0 if snap.pinned else 0.0)
             for place in Residency:
                 residency.add_metric([snap.name, place.value], float(snap.residency is place))
         yield inflight
+        yield queued
         yield pinned
         yield residency
         yield _load_histogram(snapshots)

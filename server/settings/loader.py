@@ -115,6 +115,7 @@ ALIASES: Final[dict[str, tuple[str, ...]]] = {
     "LoraConfig.stateFile": ("lora.state_file",),
     "LimitsConfig.maxConcurrentRequests": ("limits.max_concurrent_requests",),
     "LimitsConfig.maxQueue": ("limits.max_queue",),
+    "LimitsConfig.fairAdmission": ("limits.fair_admission",),
     "LimitsConfig.queueTimeout": ("limits.queue_timeout_s",),
     "LimitsConfig.requestTimeout": ("limits.request_timeout_s",),
     "LimitsConfig.drainTimeout": ("limits.drain_timeout_s",),

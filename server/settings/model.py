@@ -133,6 +133,7 @@ class LoraSettings(_Section):
 class LimitsSettings(_Section):
     max_concurrent_requests: int = Field(256, ge=1)
     max_queue: int = Field(512, ge=0)
+    fair_admission: bool = True  # queue round-robin across adapters (False: one FIFO)
     queue_timeout_s: float = Field(60.0, gt=0)
     request_timeout_s: float = Field(600.0, gt=0)
     drain_timeout_s: float = Field(30.0, ge=0)  # seconds in-flight requests get on stop

@@ -217,6 +217,7 @@ def test_a_missing_state_file_is_an_empty_state_and_writes_are_whole(tmp_path: P
 async def test_cold_loads_and_load_latency_are_exported_per_adapter(folder: Path) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from server.core.admission import Admission, Limits
     from server.observability.metrics import AdapterCollector
 
     registry, _ = registry_for(folder)
@@ -227,7 +228,7 @@ async def test_cold_loads_and_load_latency_are_exported_per_adapter(folder: Path
     assert (snapshots["a1"].loads, snapshots["a1"].cold_loads) == (1, 0)
     assert (snapshots["a2"].loads, snapshots["a2"].cold_loads) == (1, 1)
     prometheus = CollectorRegistry()
-    prometheus.register(AdapterCollector(registry))
+    prometheus.register(AdapterCollector(registry, Admission(Limits())))
     text = generate_latest(prometheus).decode()
     assert 'gateway_adapter_cold_loads_total{adapter="a2"} 1.0' in text
     assert 'gateway_adapter_load_seconds_count{adapter="a1"} 1.0' in text

@@ -400,6 +400,7 @@ async def test_concurrent_register_unregister_and_traffic_keep_state_consistent(
 async def test_metrics_collector_exports_registered_adapters_only(root: Path) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from server.core.admission import Admission, Limits
     from server.observability.metrics import AdapterCollector
 
     registry, _ = make_registry(root)
@@ -408,12 +409,13 @@ async def test_metrics_collector_exports_registered_adapters_only(root: Path) ->
     with pytest.raises(AdapterNotFound):
         await registry.acquire("unknown")
     prom = CollectorRegistry()
-    prom.register(AdapterCollector(registry))
+    prom.register(AdapterCollector(registry, Admission(Limits())))
     text = generate_latest(prom).decode()
     assert 'gateway_adapter_requests_total{adapter="a1"} 1.0' in text
     assert 'gateway_adapter_generation_tokens_total{adapter="a1"} 4.0' in text
     assert 'gateway_adapter_loads_total{adapter="a1"} 1.0' in text
     assert 'gateway_adapter_residency{adapter="a1",residency="cpu_cache"} 1.0' in text
+    assert 'gateway_adapter_requests_queued{adapter="a1"} 0.0' in text
     assert "unknown" not in text
 
 

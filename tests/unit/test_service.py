@@ -30,6 +30,10 @@ from server.core.types import (
     TextPrompt,
 )
 from server.engines.fake import FakeEngine, FakeScript
+from server.gateway import Gateway, register_startup_adapters
+from server.runtime.process import drain
+from tests.unit.demo_kit import unit_demo
+from tests.unit.gateway_kit import make_gateway
 
 pytestmark = pytest.mark.anyio
 
@@ -186,3 +190,89 @@ async def test_abort_all_turns_running_streams_into_in_band_errors() -> None:
         async for _ in stream:
             pass
     await stream.aclose()
+
+
+# ---- fairness across adapters in the admission queue -------------------------------------------
+def sample_of(gateway: Gateway, name: str, **labels: str) -> float | None:
+    return gateway.metrics.registry.get_sample_value(name, labels)
+
+
+async def fair_gateway(*, fair: bool = True, script: FakeScript | None = None) -> Gateway:
+    """Adapters a1..a3 on the fake engine, 2 slots, room to queue."""
+    demo = unit_demo()
+    gateway = make_gateway(
+        script or FakeScript(token_delay_s=0.005),
+        overrides={
+            "LoraConfig": {"adapterDir": str(demo / "adapters"), "adapterRoots": [str(demo)]},
+            "LimitsConfig": {"maxConcurrentRequests": 2, "maxQueue": 32, "fairAdmission": fair},
+        },
+    )
+    await register_startup_adapters(gateway)
+    return gateway
+
+
+DEMO_ADAPTERS = ("a1", "a2", "a3")
+
+
+async def queue_up(service: InferenceService, waiting: int) -> None:
+    while service.admission.waiting < waiting:  # noqa: ASYNC110 (no event to wait on)
+        await asyncio.sleep(0.001)
+
+
+@pytest.mark.parametrize(("fair", "cold_finishes"), [(True, {2, 3}), (False, {12})])
+async def test_a_cold_adapter_waits_for_one_hot_request_not_the_hot_backlog(
+    fair: bool, cold_finishes: set[int]
+) -> None:
+    """12 requests on a1 hold both slots and queue 10; then one on a2 arrives. Fair: it gets the
+    second slot to free up (after one more a1 request); FIFO: it runs after the whole backlog."""
+    gateway = await fair_gateway(fair=fair)
+    service, finished = gateway.service, []
+
+    async def run(rid: str, model: str) -> None:
+        await service.generate(request(rid=rid, model=model, tokens=4))
+        finished.append(rid)
+
+    hot = [asyncio.create_task(run(f"hot{i}", "a1")) for i in range(12)]
+    await queue_up(service, 10)
+    gauge = "gateway_adapter_requests_queued"
+    queued = {a: sample_of(gateway, gauge, adapter=a) for a in DEMO_ADAPTERS}
+    assert queued == {"a1": 10, "a2": 0, "a3": 0}
+    cold = asyncio.create_task(run("cold", "a2"))
+    await queue_up(service, 11)
+    assert service.admission.queued() == {"a1": 10, "a2": 1}
+    await asyncio.gather(*hot, cold)
+    assert finished.index("cold") in cold_finishes, finished
+    assert (service.admission.running, service.admission.waiting) == (0, 0)
+
+
+async def test_a_workflow_alias_waits_in_its_adapters_queue_and_the_base_model_in_its_own() -> None:
+    gateway = await fair_gateway(script=FakeScript(hang_after=1))
+    service = gateway.service
+    service.adapters.add_alias("flow", "a1")
+    held = [await service.start(request(rid=f"h{i}", model="a1")) for i in range(2)]
+    queued = [
+        asyncio.create_task(service.start(request(rid=rid, model=model)))
+        for rid, model in (("w", "flow"), ("b", "tiny"), ("b2", ""), ("x", "nope"))
+    ]
+    await queue_up(service, 4)
+    assert service.admission.queued() == {"a1": 1, "": 2, "nope": 1}
+    for task in queued:
+        task.cancel()
+    await asyncio.gather(*queued, return_exceptions=True)
+    for stream in held:
+        await stream.aclose()
+    assert (service.admission.running, service.admission.waiting) == (0, 0)
+
+
+async def test_drain_finishes_the_queued_requests_of_every_adapter() -> None:
+    gateway = await fair_gateway()
+    service = gateway.service
+    runs = [
+        asyncio.create_task(service.generate(request(rid=f"r{i}", model=model, tokens=4)))
+        for i, model in enumerate(("a1", "a1", "a1", "a1", "a2", "", "a3"))
+    ]
+    await queue_up(service, 5)
+    gateway.shutdown.request()
+    await drain(gateway)
+    assert [r.usage.completion_tokens for r in await asyncio.gather(*runs)] == [4] * 7
+    assert gateway.shutdown.drained.is_set()

@@ -51,8 +51,9 @@ DEFAULTS: dict[str, Any] = {
         "adapterDirRefresh": 5.0, "stateFile": None,
     },
     "LimitsConfig": {
-        "maxConcurrentRequests": 256, "maxQueue": 512, "queueTimeout": 60.0,
-        "requestTimeout": 600.0, "drainTimeout": 30.0, "engineCheckInterval": 5.0, "maxN": 16,
+        "maxConcurrentRequests": 256, "maxQueue": 512, "fairAdmission": True,
+        "queueTimeout": 60.0, "requestTimeout": 600.0, "drainTimeout": 30.0,
+        "engineCheckInterval": 5.0, "maxN": 16,
         "maxBestOf": 16, "maxStopSequences": 16, "maxLogprobs": 20, "maxPromptsPerRequest": 64,
     },
     "ProtocolConfig": {"rollingBatch": "auto", "tgiCompat": False},
