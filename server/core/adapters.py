@@ -256,6 +256,10 @@ class AdapterRegistry:
         """Folder adapters that were refused, with the reason (shown by describe)."""
         return dict(self._failed)
 
+    def canonical(self, name: str) -> str:
+        """The adapter name an alias stands for; any other name as given (even unknown)."""
+        return self._aliases.get(name, name)
+
     def aliases(self) -> dict[str, str]:
         return dict(self._aliases)
 
@@ -473,9 +477,12 @@ class AdapterRegistry:
         for name in [n for n in self._failed if n not in present]:
             del self._failed[name]
         for record in list(self._records.values()):
-            if record.origin == "folder" and record.name not in present:
-                await self.unregister(record.name)
-                removed.append(record.name)
+            # the record's own folder, looked at now: one registered by a request during this
+            # scan is not in `present`, yet its folder is there
+            if record.origin == "folder" and _folder_gone(record):
+                with contextlib.suppress(AdapterNotFound):  # unregistered meanwhile
+                    await self.unregister(record.name)
+                    removed.append(record.name)
             elif fingerprint(Path(record.handle.path)) != record.fingerprint and (
                 await self._reloaded(record.name)
             ):
@@ -768,6 +775,10 @@ class AdapterRegistry:
         task = asyncio.get_running_loop().create_task(job)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _folder_gone(record: AdapterRecord) -> bool:
+    return not Path(record.handle.path).is_dir()
 
 
 def _check_pin_options(*, preload: bool, pin: bool) -> None:

@@ -209,7 +209,7 @@ class InferenceService:
         name = request.model
         if not name or name in self.base_names:
             return ""
-        return self.adapters.resolve(name).name if name in self.adapters else name
+        return self.adapters.canonical(name)
 
     def _gate(self) -> None:
         if not self.lifecycle.accepting:
