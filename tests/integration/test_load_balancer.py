@@ -47,7 +47,8 @@ from tests.serverproc import (
     wait_ready,
 )
 
-pytestmark = [pytest.mark.anyio, pytest.mark.engine]
+# typically 2-3 minutes: two starts, then two restarts under load, each bounded below
+pytestmark = [pytest.mark.anyio, pytest.mark.engine, pytest.mark.timeout(600)]
 CONFIG = ROOT / "deploy" / "haproxy.cfg"
 TOKENS = 24
 CLIENTS = 6
