@@ -19,10 +19,11 @@ from typing import Any
 
 import httpx
 
+from server.core.lifecycle import PHASES
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "build" / "demo"
 CERTS = ROOT / "certs"
-PHASES = ("settings", "listeners", "engine import", "engine start", "warm-up", "adapters", "ready")
 
 
 def free_port() -> int:

@@ -28,6 +28,7 @@ def current_request_id() -> str:
     """The id of the request being served: the client's `X-Request-Id`, or a new one."""
     return request_id_var.get()
 
+
 @dataclass(slots=True)
 class AccessNote:
     """What a request's generations add to its access-log line (one note per HTTP request,
@@ -38,8 +39,10 @@ class AccessNote:
     completion_tokens: int = 0
     first_token_s: float | None = None
 
-    def add(self, adapter: str | None, prompt_tokens: int, completion_tokens: int,
-            first_token_s: float | None) -> None:
+    def add(
+        self, adapter: str | None, prompt_tokens: int, completion_tokens: int,
+        first_token_s: float | None,
+    ) -> None:
         """One generation of the request ended (a batch request has several)."""
         if adapter:
             self.adapter = adapter
