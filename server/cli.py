@@ -6,14 +6,16 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import uvloop
 
+from server.core.lifecycle import log_phase
 from server.engines.factory import create_engine
-from server.observability.logs import configure_logging
+from server.observability.logs import configure_logging, log_settings
 from server.runtime.limits import UnsupportedUvicorn
 from server.runtime.process import serve
 from server.settings import SettingsError, load_settings, redacted
@@ -77,6 +79,7 @@ def engine_environment(kv_cache_gib: int, *, json_logs: bool = False) -> dict[st
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    started = time.monotonic()
     args = parse_args(argv)
     config_path = args.config
     if config_path is None and os.environ.get("GATEWAY_CONFIG"):
@@ -98,10 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.model.kv_cache_space_gib, json_logs=json_logs
     ).items():
         os.environ.setdefault(key, value)
-    logger.info("settings: %s", redacted(settings))
-    logger.info("set from sources: %s", loaded.provenance)
+    log_settings(logger, redacted(settings), loaded.provenance, json_format=json_logs)
+    log_phase(logger, "settings", started)
     try:
-        return uvloop.run(serve(settings, create_engine))
+        return uvloop.run(serve(settings, create_engine, started=started))
     except SettingsError as exc:
         sys.stderr.write(f"llm-gateway: configuration error:\n{exc}\n")
         return 2

@@ -110,10 +110,8 @@ def build_gateway(
         registry,
         protocols=[spec.name for spec in protocols.REGISTRY],
         live=LiveState(lifecycle, admission, adapters),
-        request_log=RequestLog(
-            log_prompts=settings.logging.log_prompts,
-            level=logging.INFO if settings.logging.access_log else logging.DEBUG,
-        ),
+        # the access line carries each request's summary; per-generation lines are DEBUG
+        request_log=RequestLog(log_prompts=settings.logging.log_prompts, level=logging.DEBUG),
         access_log=settings.logging.access_log,
     )
     service = InferenceService(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import ssl
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from server.core.lifecycle import PHASES
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "build" / "demo"
@@ -159,6 +162,19 @@ def running_server(
 ) -> Iterator[RunningServer]:
     ensure_assets()
     config = merge(base_config(engine), overrides or {})
+    server = start_server(tmp_dir, config, environ)
+    try:
+        wait_ready(server, ready_timeout, client_tls)
+        yield server
+    finally:
+        server.stop()
+
+
+def start_server(
+    tmp_dir: Path, config: dict[str, Any], environ: dict[str, str] | None = None
+) -> RunningServer:
+    """Write `config` into `tmp_dir` and start the gateway on it (not waiting for READY); the
+    log goes to tmp_dir/server.log, replaced on each start."""
     tmp_dir.mkdir(parents=True, exist_ok=True)
     config_path = tmp_dir / "config.json"
     config_path.write_text(json.dumps(config, indent=2))
@@ -179,7 +195,7 @@ def running_server(
             stderr=subprocess.STDOUT,
             env=env,
         )
-    server = RunningServer(
+    return RunningServer(
         process=process,
         config=config,
         log_path=log_path,
@@ -187,11 +203,21 @@ def running_server(
         management_port=config["ServerConfig"]["managementPort"],
         metrics_port=config["ServerConfig"]["metricsPort"],
     )
-    try:
-        wait_ready(server, ready_timeout, client_tls)
-        yield server
-    finally:
-        server.stop()
+
+
+def start_up_problems(log: str) -> list[str]:
+    """What is wrong with a real gateway's start-up log: each phase must be logged once, no
+    uvicorn line once per listener, the settings one key per line, no gateway line twice."""
+    problems = [f"phase {p!r} logged {log.count(f'start-up {p}: ')} times"
+                for p in PHASES if log.count(f"start-up {p}: ") != 1]
+    if "Uvicorn running on" in log or "Started server process" in log:
+        problems.append("uvicorn's per-listener lines are back")
+    ports = re.findall(r"setting ServerConfig\.port = \d+ \(config\.json\)\n", log)
+    if len(ports) != 1 or "settings: {" in log:
+        problems.append("settings are not one key per line")
+    ours = [line.split(" [-] ", 1)[-1] for line in log.splitlines() if " INFO gateway " in line]
+    repeated = {line for line in ours if ours.count(line) > 1}
+    return problems + [f"logged more than once: {line}" for line in sorted(repeated)]
 
 
 def wait_ready(

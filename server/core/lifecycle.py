@@ -8,7 +8,19 @@ peers, never new requests from clients.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from enum import StrEnum
+
+PHASES = ("settings", "listeners", "engine import", "engine start", "warm-up", "adapters", "ready")
+
+
+def log_phase(logger: logging.Logger, phase: str, since: float, detail: str = "") -> float:
+    """One start-up progress line, `start-up <phase>: <seconds>s[, detail]`, for a phase of
+    `PHASES` that began at `since` (time.monotonic()); returns now, the next phase's start."""
+    now = time.monotonic()
+    logger.info("start-up %s: %.2fs%s", phase, now - since, f", {detail}" if detail else "")
+    return now
 
 
 class State(StrEnum):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from server.core.engine import Engine
 from server.core.errors import GatewayError
+from server.core.lifecycle import log_phase
 from server.core.types import GenerationRequest, OutputOptions, Sampling, TextPrompt
 from server.settings import Settings, SettingsError, resolve_path
 
@@ -24,13 +26,16 @@ async def create_engine(settings: Settings) -> Engine:
         from server.engines.fake import FakeEngine
 
         script = fake_script(settings.model.engine_options)
-        return FakeEngine(
+        since = time.monotonic()
+        fake = FakeEngine(
             script,
             model_name=settings.model.name,
             model_path=resolve_path(settings, settings.model.weight_path),
             tool_call_parser=settings.model.tool_call_parser,
             reasoning_parser=settings.model.reasoning_parser,
         )
+        log_phase(logger, "engine start", since, "fake engine")
+        return fake
     from server.engines.vllm import VllmEngineOptions, create
 
     model, lora = settings.model, settings.lora
@@ -56,7 +61,9 @@ async def create_engine(settings: Settings) -> Engine:
         extra=dict(model.engine_options),
     )
     engine = await create(options)
+    since = time.monotonic()
     await warm_up(engine)
+    log_phase(logger, "warm-up", since)
     return engine
 
 

@@ -19,6 +19,7 @@ import functools
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from server.core.errors import (
     ServiceUnavailable,
     Unsupported,
 )
+from server.core.lifecycle import log_phase
 from server.core.types import (
     AdapterHandle,
     ChatMessage,
@@ -157,18 +159,27 @@ async def create(options: VllmEngineOptions) -> VllmEngine:
     Importing vLLM (5-10 s) happens in a worker thread; the engine start-up itself (10-25 s
     on the CPU) runs on the event loop, as vLLM's async client must be built there.
     """
+    since = time.monotonic()
     await asyncio.to_thread(_import_vllm)
+    since = log_phase(logger, "engine import", since)
     snapshot = _SchedulerSnapshot()
     try:
         llm = _start(options, snapshot)
     except Exception as exc:
         logger.exception("the vLLM engine failed to start")
         raise EngineError(f"the vLLM engine failed to start: {_first_line(exc)}") from exc
+    log_phase(logger, "engine start", since, f"vLLM {_vllm_version()}")
     return VllmEngine(llm, options, snapshot)
 
 
 def _import_vllm() -> None:
     import vllm.v1.engine.async_llm  # noqa: F401
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
 
 
 def _start(options: VllmEngineOptions, snapshot: _SchedulerSnapshot) -> AsyncLLM:

@@ -28,6 +28,8 @@ from server.http.context import (
     CLIENT_ID_KEY,
     MAX_REQUEST_ID,
     OWNER_KEY,
+    AccessNote,
+    access_note_var,
     new_request_id,
     request_id_var,
 )
@@ -91,6 +93,7 @@ class ListenerApp:
         else:
             rid = new_request_id()
         token = request_id_var.set(rid)
+        note = access_note_var.set(AccessNote())
         resolution = self._router.resolve(scope["method"], scope["path"])
         try:
             answer = await self._answer(scope, receive, resolution, authorization, length)
@@ -100,6 +103,7 @@ class ListenerApp:
             finally:
                 self._report(scope, resolution, answer.status_code, started)
         finally:
+            access_note_var.reset(note)
             request_id_var.reset(token)
 
     async def _answer(

@@ -28,6 +28,35 @@ def current_request_id() -> str:
     """The id of the request being served: the client's `X-Request-Id`, or a new one."""
     return request_id_var.get()
 
+
+@dataclass(slots=True)
+class AccessNote:
+    """What a request's generations add to its access-log line (one note per HTTP request,
+    shared by reference with the tasks that serve it)."""
+
+    adapter: str = "-"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_token_s: float | None = None
+
+    def add(
+        self, adapter: str | None, prompt_tokens: int, completion_tokens: int,
+        first_token_s: float | None,
+    ) -> None:
+        """One generation of the request ended (a batch request has several)."""
+        if adapter:
+            self.adapter = adapter
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        if first_token_s is not None and self.first_token_s is None:
+            self.first_token_s = first_token_s
+
+
+access_note_var: contextvars.ContextVar[AccessNote | None] = contextvars.ContextVar(
+    "access_note", default=None
+)
+
+
 # Keys the listener app and the protocols share in the ASGI scope.
 BODY_KEY = "gateway.body"  # set when a shared path's dispatcher already read the body
 BODY_ERROR_KEY = "gateway.body_error"  # the error reading it raised, for the route to report

@@ -1,14 +1,19 @@
-"""Logging: plain or JSON lines, the request id on every line; the per-request log."""
+"""Logging: plain or JSON lines, the request id on every line; the settings one key per line;
+the access line and the per-request log."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.types import Scope
 
 from server.core.stream import Timing
 from server.core.types import ChatPrompt, GenerationRequest, TextPrompt, Usage
-from server.http.context import request_id_var
+from server.http.context import AccessNote, request_id_var
 
 request_logger = logging.getLogger("gateway.requests")
 PROMPT_LOG_CHARS = 2000
@@ -30,9 +35,12 @@ class JsonFormatter(logging.Formatter):
             "request_id": getattr(record, "request_id", "-"),
             "message": record.getMessage(),
         }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update(fields)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
+        return json.dumps(entry, default=str)
 
 
 def configure_logging(level: str, *, json_format: bool) -> None:
@@ -47,6 +55,54 @@ def configure_logging(level: str, *, json_format: bool) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # uvicorn says "Started server process" / "Uvicorn running on" once per listener; the
+    # gateway logs its listeners in one start-up line instead. Its warnings still show.
+    logging.getLogger("uvicorn.error").setLevel(max(logging.WARNING, root.level))
+
+
+def settings_lines(tree: Mapping[str, Any], sources: Mapping[str, str]) -> list[str]:
+    """`Section.key = value (source)`, one per key of the resolved settings (leaves only,
+    in the tree's order); keys no layer set are marked `default`."""
+    lines: list[str] = []
+
+    def walk(node: Mapping[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, Mapping) and value:
+                walk(value, f"{path}.")
+            else:
+                shown = json.dumps(value, default=str)
+                lines.append(f"{path} = {shown} ({sources.get(path, 'default')})")
+
+    walk(tree, "")
+    return lines
+
+
+def log_settings(
+    logger: logging.Logger, tree: Mapping[str, Any], sources: Mapping[str, str], *,
+    json_format: bool,
+) -> None:
+    """The resolved settings: one line per key, or one JSON record with the whole tree."""
+    if json_format:
+        logger.info("settings", extra={"fields": {"settings": tree, "sources": sources}})
+        return
+    for line in settings_lines(tree, sources):
+        logger.info("setting %s", line)
+
+
+def access_line(
+    scope: Scope, owner: str, route: str, status: int, seconds: float, note: AccessNote | None
+) -> str:
+    """One HTTP request: method, path, status, protocol, route template, and for generations
+    the adapter, tokens and time to first token; then its duration."""
+    head = f"{scope.get('method')} {scope.get('path')} {status} protocol={owner} route={route}"
+    if note is not None and (note.prompt_tokens or note.completion_tokens):
+        ttft = "-" if note.first_token_s is None else f"{note.first_token_s * 1000:.1f}"
+        head += (
+            f" adapter={note.adapter} prompt_tokens={note.prompt_tokens}"
+            f" completion_tokens={note.completion_tokens} ttft_ms={ttft}"
+        )
+    return f"{head} ms={seconds * 1000:.1f}"
 
 
 class RequestLog:

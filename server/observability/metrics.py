@@ -34,9 +34,10 @@ from server.core.service import InferenceService
 from server.core.stream import Timing
 from server.core.types import GenerationRequest, Usage
 from server.http.body import json_response
+from server.http.context import access_note_var
 from server.http.routes import MANAGEMENT, METRICS, Access, Answer, Doc, Render, Route, RouteList
 from server.observability.families import Counter, Gauge, Histogram, Value
-from server.observability.logs import RequestLog
+from server.observability.logs import RequestLog, access_line
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 BUILT_IN = ("health", "control", "metrics", "other")  # labels of the gateway's own requests
@@ -280,6 +281,14 @@ class GatewayMetrics:
             self.ttft_window.add(timing.first_token_s)
         if timing.mean_token_gap_s is not None:
             self.tbt_window.add(timing.mean_token_gap_s)
+        note = access_note_var.get() if self.access_log else None
+        if note is not None:
+            note.add(
+                request.adapter,
+                usage.prompt_tokens if usage else 0,
+                usage.completion_tokens if usage else 0,
+                timing.first_token_s,
+            )
         if self.request_log is not None:
             self.request_log.finished(request, error_type=error_type, usage=usage, timing=timing)
 
@@ -305,8 +314,7 @@ class GatewayMetrics:
         count.value += 1
         if self.access_log:
             access_logger.info(
-                "%s %s %d %s %.1fms", scope.get("method"), scope.get("path"), status, owner,
-                seconds * 1000,
+                "%s", access_line(scope, owner, endpoint, status, seconds, access_note_var.get())
             )
 
 

@@ -13,6 +13,7 @@ import contextlib
 import gc
 import logging
 import signal
+import time
 from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any
@@ -21,9 +22,10 @@ import uvicorn
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from server.core.adapter_state import SavedAdapter
 from server.core.engine import Engine
 from server.core.errors import GatewayError, ServiceUnavailable
-from server.core.lifecycle import Lifecycle, Shutdown, State
+from server.core.lifecycle import Lifecycle, Shutdown, State, log_phase
 from server.gateway import (
     Gateway,
     build_gateway,
@@ -137,9 +139,15 @@ def uvicorn_config(app: ASGIApp, listener: Listener, settings: Settings) -> uvic
 
 
 async def serve(
-    settings: Settings, engine_factory: EngineFactory, *, on_gateway: Hook | None = None
+    settings: Settings,
+    engine_factory: EngineFactory,
+    *,
+    on_gateway: Hook | None = None,
+    started: float | None = None,
 ) -> int:
-    """Run until stopped. Returns the process exit code: 0 after a stop, 1 if the engine failed."""
+    """Run until stopped. Returns the process exit code: 0 after a stop, 1 if the engine failed.
+    `started` (time.monotonic() at process start) dates the start-up's `ready` line."""
+    phase = time.monotonic()
     check_uvicorn()
     lifecycle = Lifecycle()
     shutdown = Shutdown(lifecycle)
@@ -151,7 +159,7 @@ async def serve(
         GatewayServer(uvicorn_config(h, ln, settings))
         for h, ln in zip(holders, listeners, strict=True)
     ]
-    tasks = [asyncio.create_task(s.serve()) for s in servers]
+    tasks = await _open(servers, listeners, phase)
     StopSignals(shutdown).install()
     try:
         engine = await _start_engine(settings, engine_factory, shutdown.requested)
@@ -163,7 +171,7 @@ async def serve(
     gateway = build_gateway(settings, engine, lifecycle=lifecycle, shutdown=shutdown)
     if on_gateway is not None:
         on_gateway(gateway)
-    await register_startup_adapters(gateway, saved)
+    await _register_adapters(gateway, saved)
     for holder, listener in zip(holders, listeners, strict=True):
         holder.serve(gateway.app(listener.roles))
     try:
@@ -177,9 +185,7 @@ async def serve(
     gc.collect()
     gc.freeze()
     lifecycle.ready()
-    logger.info(
-        "ready: %s", ", ".join(f"{ln.host}:{ln.port} {'+'.join(ln.roles)}" for ln in listeners)
-    )
+    log_phase(logger, "ready", phase if started is None else started, "since the process started")
     background = _background_tasks(gateway)
     await shutdown.requested.wait()
     await drain(gateway)
@@ -285,6 +291,24 @@ async def _failed_start(
     lifecycle.fail(str(exc))
     await _close_servers(servers, tasks)
     return 1
+
+
+async def _register_adapters(gateway: Gateway, saved: list[SavedAdapter]) -> None:
+    since = time.monotonic()
+    await register_startup_adapters(gateway, saved)
+    log_phase(logger, "adapters", since, f"{len(gateway.adapters)} registered")
+
+
+async def _open(
+    servers: list[GatewayServer], listeners: list[Listener], since: float
+) -> list[asyncio.Task[None]]:
+    """Start the listeners; once all are bound (or one failed, which shows later), log them."""
+    tasks = [asyncio.create_task(s.serve()) for s in servers]
+    while not all(s.started for s in servers) and not any(t.done() for t in tasks):  # noqa: ASYNC110 (uvicorn offers only a flag)
+        await asyncio.sleep(0.01)
+    where = ", ".join(f"{ln.host}:{ln.port} {'+'.join(ln.roles)}" for ln in listeners)
+    log_phase(logger, "listeners", since, where)
+    return tasks
 
 
 async def _close_servers(servers: list[GatewayServer], tasks: list[asyncio.Task[None]]) -> None:

@@ -228,4 +228,4 @@ def test_one_shared_port_serves_data_control_and_metrics(tmp_path: Path) -> None
             assert http.get("/health").content == b""  # TGI's /health, not MindIE's
             assert http.get("/health/timed-5").json() == {"status": "healthy"}
         log = server.log()
-    assert log.count("Uvicorn running on") == 1
+    assert log.count("start-up listeners: ") == 1 and "Uvicorn running on" not in log

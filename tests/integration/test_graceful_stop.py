@@ -24,7 +24,7 @@ from tests.integration.traffic import (
     refused_while_draining,
     sse_payloads,
 )
-from tests.serverproc import RunningServer, running_server
+from tests.serverproc import RunningServer, running_server, start_up_problems
 
 pytestmark = pytest.mark.anyio
 TOKENS = 400  # long enough that every request is surely in flight when the stop comes
@@ -124,6 +124,7 @@ async def test_sigterm_drains_32_mixed_requests_then_exits_0(tmp_path: Path) -> 
     assert found["incomplete"] == []
     assert found["exit"] == 0, log[-3000:]
     assert "SIGTERM: draining" in log
+    assert start_up_problems(log) == []
 
 
 SLOW_FAKE = {

@@ -131,6 +131,15 @@ async def triton_generate_stream(http: httpx.AsyncClient, out: Outcome, tokens: 
     )
 
 
+async def triton_generate(http: httpx.AsyncClient, out: Outcome, tokens: int) -> None:
+    await _json(
+        http,
+        out,
+        "/v2/models/tiny/generate",
+        {"text_input": PROMPT, "parameters": {"max_tokens": tokens, "ignore_eos": True}},
+    )
+
+
 async def mindie_vllm_stream(http: httpx.AsyncClient, out: Outcome, tokens: int) -> None:
     await _stream(
         http,
@@ -176,6 +185,7 @@ def complete(outcome: Outcome, tokens: int) -> str | None:
             and (events[-1]["details"]["finish_reason"] != "length" or len(events) == tokens)
         ),
         "triton-generate-stream": lambda: events[-1]["done"] is True and len(events) >= 1,
+        "triton-generate": lambda: isinstance(events[0]["text_output"], str),
         "mindie-generate-stream": lambda: all("text" in e for e in events) and len(events) >= 1,
     }
     try:
@@ -194,6 +204,13 @@ def launch(http: httpx.AsyncClient, tokens: int) -> tuple[list[Outcome], list[as
             outcomes.append(outcome)
             tasks.append(asyncio.create_task(_guard(sender(http, outcome, tokens), outcome)))
     return outcomes, tasks
+
+
+async def run_one(http: httpx.AsyncClient, kind: str, sender: Sender, tokens: int) -> Outcome:
+    """One request of `kind`; its outcome, transport failures included."""
+    outcome = Outcome(kind)
+    await _guard(sender(http, outcome, tokens), outcome)
+    return outcome
 
 
 async def _guard(work: Awaitable[None], outcome: Outcome) -> None:
