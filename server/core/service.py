@@ -29,6 +29,7 @@ from server.core.errors import (
     ServiceUnavailable,
 )
 from server.core.lifecycle import Lifecycle
+from server.core.overhead import on_engine
 from server.core.stream import EventStream, NullObserver, RequestObserver, Timing
 from server.core.types import (
     AdapterHandle,
@@ -188,7 +189,7 @@ class InferenceService:
             self._gate()
             self.lifecycle.enter(count)
             try:
-                await self.admission.acquire(count)
+                await on_engine(self.admission.acquire(count))
                 if self._abort_reason is not None:
                     self.admission.release(count)
                     raise self._abort_reason
@@ -255,7 +256,7 @@ class InferenceService:
             return None
         if request.model not in self.adapters:
             raise self._not_found(request.model)
-        return await self.adapters.acquire(request.model)
+        return await on_engine(self.adapters.acquire(request.model))
 
     async def _prompt_ids(self, request: GenerationRequest) -> Sequence[int]:
         prompt = request.prompt
