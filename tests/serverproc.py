@@ -68,7 +68,8 @@ class RunningServer:
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}"
+        scheme = "https" if self.config["ServerConfig"].get("metricsHttpsEnabled") else "http"
+        return f"{scheme}://127.0.0.1:{self.metrics_port}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

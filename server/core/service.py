@@ -30,6 +30,7 @@ from server.core.errors import (
     ServiceUnavailable,
 )
 from server.core.lifecycle import Lifecycle
+from server.core.overhead import on_engine
 from server.core.stream import EventStream, NullObserver, RequestObserver, Timing
 from server.core.types import (
     AdapterHandle,
@@ -190,7 +191,7 @@ class InferenceService:
             self._gate()
             self.lifecycle.enter(count)
             try:
-                await self.admission.acquire(count, self._queue_key(requests[0]))
+                await on_engine(self.admission.acquire(count, self._queue_key(requests[0])))
                 if self._abort_reason is not None:
                     self.admission.release(count)
                     raise self._abort_reason
@@ -266,7 +267,7 @@ class InferenceService:
             return None
         if request.model not in self.adapters:
             raise self._not_found(request.model)
-        return await self.adapters.acquire(request.model)
+        return await on_engine(self.adapters.acquire(request.model))
 
     async def _prompt_ids(self, request: GenerationRequest) -> Sequence[int]:
         prompt = request.prompt

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from server.core.errors import DeadlineExceeded, GatewayError
+from server.core.overhead import engine_wait_var
 from server.core.types import (
     AdapterHandle,
     Delta,
@@ -99,8 +100,8 @@ class EventStream:
     __slots__ = (
         "_abort", "_cancel_reason", "_cancelled", "_closed", "_done", "_events", "_failure",
         "_first_token_at", "_gaps", "_last_token_at", "_observer", "_on_close", "_primed",
-        "_raise_next", "_started_at", "_timer", "_unreported", "_usage", "adapter", "engine_id",
-        "request",
+        "_raise_next", "_started_at", "_timer", "_unreported", "_usage", "_wait", "adapter",
+        "engine_id", "request",
     )
 
     def __init__(  # noqa: PLR0913 - the request, its events and the hooks around them
@@ -135,6 +136,7 @@ class EventStream:
         self._unreported: list[float] = []  # token gaps not yet given to the observer
         self._usage: Usage | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._wait = engine_wait_var.get()  # the request's wait on the engine, until answered
 
     def __aiter__(self) -> EventStream:
         return self
@@ -152,6 +154,8 @@ class EventStream:
             event = await self._pull()
             self._primed.append(event)
             if not isinstance(event, Started):
+                if self.request.stream:
+                    self._wait = None  # the headers go now: later tokens are not measured
                 return
 
     async def _pull(self) -> GenerationEvent:
@@ -159,8 +163,16 @@ class EventStream:
             self._done = True
             assert self._cancel_reason is not None
             raise self._cancel_reason
+        wait = self._wait
         try:
-            event = await self._events.__anext__()
+            if wait is None:
+                event = await self._events.__anext__()
+            else:
+                wait.enter()
+                try:
+                    event = await self._events.__anext__()
+                finally:
+                    wait.leave()
         except StopAsyncIteration:
             self._done = True
             if self._cancel_reason is not None:

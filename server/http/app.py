@@ -4,8 +4,15 @@ Per request, in this order: resolve the route (once; its access class and error 
 with it), take the request id (`X-Request-Id` or a new one, echoed on the answer and set for the
 logs), refuse a declared body over the limit (413), check credentials (401), count the bytes of a
 chunked body, run the endpoint (a domain error becomes the route's error answer), add
-`Connection: close` while the server is not ready (so keep-alive clients move on during a drain),
-send, and report the answer to the observer (HTTP metrics, access log).
+`Connection: close` while the server is not ready (so keep-alive clients move on during a drain)
+and `X-Gateway-Overhead-Ms` (below), send, and report the answer to the observer (HTTP metrics,
+access log).
+
+`X-Gateway-Overhead-Ms` is the gateway's own time on the request, in milliseconds: the wall time
+from the request's arrival at this app to its response headers, minus the time it waited on the
+engine meanwhile (an admission slot, an adapter load, the engine's outputs; `EngineWait`). For a
+non-streamed answer that covers the whole request; for a stream, the time to its first byte
+minus the engine's time to its first output.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
 from server.core.errors import Unauthorized
+from server.core.overhead import EngineWait, engine_wait_var
 from server.http.auth import Keyring, bearer_token
 from server.http.body import too_large
 from server.http.context import (
@@ -38,6 +46,7 @@ from server.http.routes import Access, Answer, Render
 
 UNMATCHED = "unmatched"  # the endpoint label of a request no route matched
 OTHER = "other"  # the protocol label of such a request
+OVERHEAD_HEADER = b"x-gateway-overhead-ms"
 
 
 class HttpObserver(Protocol):
@@ -94,15 +103,21 @@ class ListenerApp:
             rid = new_request_id()
         token = request_id_var.set(rid)
         note = access_note_var.set(AccessNote())
+        wait = EngineWait()
+        wait_token = engine_wait_var.set(wait)
         resolution = self._router.resolve(scope["method"], scope["path"])
         try:
             answer = await self._answer(scope, receive, resolution, authorization, length)
             self._finish_headers(answer, rid)
+            now = time.perf_counter()
+            overhead_ms = max(now - started - wait.total(now), 0.0) * 1000
+            answer.raw_headers.append((OVERHEAD_HEADER, b"%.2f" % overhead_ms))
             try:
                 await answer(scope, receive, send)
             finally:
                 self._report(scope, resolution, answer.status_code, started)
         finally:
+            engine_wait_var.reset(wait_token)
             access_note_var.reset(note)
             request_id_var.reset(token)
 

@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 import grpc
 from grpc import aio
 
+from server.core.overhead import EngineWait, engine_wait_var
 from server.http.auth import Keyring, bearer_token
 from server.http.routes import Access
 
 AUTHORIZATION = "authorization"
 API_KEY_NEEDED = "This server requires an API key: send it as 'authorization: Bearer <key>'"
 CERTIFICATE_REVOKED = "The client certificate has been revoked."
+OVERHEAD_METADATA = "x-gateway-overhead-ms"  # as the HTTP header, on unary calls' trailers
 
 if TYPE_CHECKING:
     Context: TypeAlias = aio.ServicerContext[Any, Any]
@@ -126,12 +128,19 @@ def _observed(
     async def unary(request: Any, context: Context) -> Any:
         started, failed = time.perf_counter(), None
         behaviour = refused if revoked(context) else inner
+        wait = EngineWait()
+        token = engine_wait_var.set(wait)
         try:
-            return await behaviour(request, context)
+            answer = await behaviour(request, context)
+            now = time.perf_counter()
+            overhead_ms = max(now - started - wait.total(now), 0.0) * 1000
+            context.set_trailing_metadata(((OVERHEAD_METADATA, f"{overhead_ms:.2f}"),))
+            return answer
         except BaseException as exc:
             failed = exc
             raise
         finally:
+            engine_wait_var.reset(token)
             report(context, started, failed)
 
     async def streaming(request: Any, context: Context) -> Any:

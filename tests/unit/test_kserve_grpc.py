@@ -54,6 +54,10 @@ class Context:
     def __init__(self, cert: bytes | None = None) -> None:
         self._code: grpc.StatusCode | None = None
         self._cert = cert
+        self.trailers: tuple[tuple[str, str], ...] = ()
+
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.trailers = metadata
 
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         self._code = code
@@ -376,3 +380,24 @@ async def test_grpc_calls_are_counted_in_the_gateways_metrics() -> None:
     gateway.metrics.rpc("kserve", "ModelStreamInfer", "OK", 0.01)
     counted = gateway.metrics.grpc_requests.labels("kserve", "ModelStreamInfer", "OK").value
     assert counted == 1
+
+
+async def test_a_unary_call_says_the_gateways_overhead_in_its_trailers() -> None:
+    """The handler waits 50 ms on the engine; the trailer leaves that out (server/core/overhead)."""
+    from server.core.overhead import on_engine
+    from server.http.auth import Keyring
+
+    async def engine_bound(request: Any, context: Any) -> Any:
+        await on_engine(asyncio.sleep(0.05))
+        return request
+
+    async def continuation(details: Any) -> Any:
+        return grpc.unary_unary_rpc_method_handler(engine_bound)
+
+    interceptor = AccessInterceptor(Keyring(), (SERVICE,), Recorder())
+    handler = await interceptor.intercept_service(continuation, Details("/demo.Echo/Work"))
+    context = Context()
+    assert await handler.unary_unary("ping", context) == "ping"
+    (name, value), = context.trailers
+    assert name == "x-gateway-overhead-ms"
+    assert 0.0 <= float(value) < 25.0
