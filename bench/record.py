@@ -124,8 +124,12 @@ class Run:
             )
 
     def _count_windows(self) -> int:
+        """The next free window id: one past the largest recorded (not the count: a run may
+        have had a scenario's windows removed before it was run again)."""
         path = self.dir / "windows.jsonl"
-        return sum(1 for _ in path.open()) if path.exists() else 0
+        if not path.exists():
+            return 0
+        return max((json.loads(line)["id"] for line in path.open() if line.strip()), default=-1) + 1
 
     def _append(self, name: str, rows: list[dict[str, Any]]) -> None:
         with (self.dir / name).open("a") as out:

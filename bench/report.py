@@ -1514,7 +1514,7 @@ def c_on_demand_text(results: Results) -> str:
     if not any(r[0] in ("single-first-request", "64-on-demand-max-loras-2") for r in rows):
         return ""
     return "\n".join([
-        "### C. Adapters served on their first request\n",
+        "\n### C. Adapters served on their first request\n",
         table(["window", "what", "requests/s", "TTFT median ms", "TTFT p99 ms", "failed"], rows),
         "",
     ])
