@@ -26,23 +26,26 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from protocols.kserve_v2 import errors, tensors
 from protocols.kserve_v2.models import (
     MODEL_VERSION,
+    OUTPUTS,
     ModelRef,
     model_config,
     model_metadata,
     resolve_model,
     server_metadata,
 )
+from protocols.kserve_v2.routes import target_for
 from protocols.kserve_v2.schema import InferInput, RequestedOutput
 from protocols.kserve_v2.schema import InferRequest as WireRequest
 from protocols.kserve_v2.stats import InferenceStats
 from protocols.kserve_v2.tensors import Tensor
 from protocols.kserve_v2.translate import (
+    OutputPlan,
     StreamFolder,
-    Target,
     TextCall,
     TokenCall,
     check_text_inputs,
     is_token_request,
+    select_outputs,
     text_call,
     text_outputs,
     token_call,
@@ -67,10 +70,7 @@ SHUTTING_DOWN = "GRPC server is shutting down and has stopped accepting new requ
 InferRequest = service_pb2.ModelInferRequest
 InferResponse = service_pb2.ModelInferResponse
 StreamResponse = service_pb2.ModelStreamInferResponse
-_OUTPUT_TYPES = {
-    "text_output": "BYTES", "finish_reason": "BYTES", "cumulative_logprob": "FP32",
-    "logprobs": "BYTES", "num_input_tokens": "UINT32", "num_output_tokens": "UINT32",
-}
+_OUTPUT_TYPES = {spec.name: spec.datatype for spec in OUTPUTS}
 
 
 class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -238,11 +238,9 @@ class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
     def _call(self, request: Any, model: ModelRef, *, route: str) -> TextCall | TokenCall:
         inputs = decode_inputs(request)
         params = request_parameters(request.parameters)
-        target = Target(
-            model=model, request_id=request.id or f"kserve-{new_request_id()}",
-            client_id=request.id or None, bounds=self.ctx.bounds,
-            adapters=self.service.adapters,
-            vocab_size=self.service.info().vocab_size, defaults=self.service.defaults(),
+        target = target_for(
+            self.ctx, model, request_id=request.id or f"kserve-{new_request_id()}",
+            client_id=request.id,
         )
         requested = tuple(o.name for o in request.outputs) or None
         if route == "infer" and is_token_request(inputs):
@@ -319,12 +317,8 @@ def _tensor(name: str, value: Any) -> Tensor:
 
 def _requested(produced: Iterable[Tensor], request: Any) -> list[Tensor]:
     """The outputs the request names (in its order), else all produced."""
-    found = list(produced)
-    names = [o.name for o in request.outputs]
-    if not names:
-        return found
-    by_name = {t.name: t for t in found}
-    return [by_name[n] for n in dict.fromkeys(names) if n in by_name]
+    names = tuple(dict.fromkeys(o.name for o in request.outputs)) or None
+    return select_outputs(list(produced), OutputPlan(names, frozenset(), False))[0]
 
 
 def _response(model: ModelRef, request_id: str, outputs: Iterable[Tensor]) -> Any:

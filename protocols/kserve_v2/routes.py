@@ -185,11 +185,7 @@ class KserveApi:
     def target(self, request: Request, model: ModelRef, client_id: str | None) -> Target:
         """The engine-facing id is the client's Triton/MindIE id, else X-Request-Id, else new."""
         request_id = client_id or request_id_header(request) or f"kserve-{current_request_id()}"
-        return Target(
-            model=model, request_id=request_id, client_id=client_id or None,
-            bounds=self.ctx.bounds, adapters=self.service.adapters,
-            vocab_size=self.service.info().vocab_size, defaults=self.service.defaults(),
-        )
+        return target_for(self.ctx, model, request_id=request_id, client_id=client_id)
 
     async def generate_call(
         self, request: Request, model: ModelRef, *, stream: bool
@@ -228,6 +224,18 @@ class KserveApi:
         result = await until_disconnect(request, work())
         timer.mark()
         return result
+
+
+def target_for(
+    ctx: ProtocolContext, model: ModelRef, *, request_id: str, client_id: str | None
+) -> Target:
+    """A request's target under the service's limits and facts (HTTP and gRPC alike)."""
+    service = ctx.service
+    return Target(
+        model=model, request_id=request_id, client_id=client_id or None, bounds=ctx.bounds,
+        adapters=service.adapters, vocab_size=service.info().vocab_size,
+        defaults=service.defaults(),
+    )
 
 
 class _Deltas:
