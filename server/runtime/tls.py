@@ -213,11 +213,11 @@ def grpc_credentials(files: TlsFiles) -> grpc.ServerCredentials:
 
 def _plain_key(files: TlsFiles) -> bytes:
     pem = Path(files.key).read_bytes()
-    if files.key_password_file is None:
+    password = _password(files)  # build_context has already checked it opens the key
+    if not isinstance(password, bytes):
         return pem
     from cryptography.hazmat.primitives import serialization
 
-    password = Path(files.key_password_file).read_bytes().strip()
     key = serialization.load_pem_private_key(pem, password=password)
     return key.private_bytes(
         serialization.Encoding.PEM,
