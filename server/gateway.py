@@ -125,7 +125,8 @@ def build_gateway(
         observer=observer or metrics,
     )
     registries = (REGISTRY, registry)
-    routes = _routes(settings, service, metrics, registries, shutdown)
+    context = protocol_context(settings, service)
+    routes = _routes(settings, context, metrics, registries, shutdown)
     return Gateway(
         settings=settings,
         engine=engine,
@@ -135,27 +136,27 @@ def build_gateway(
         service=service,
         metrics=metrics,
         routes=routes,
-        grpc_services=_grpc_services(settings, service),
+        grpc_services=_grpc_services(context),
         registries=registries,
     )
 
 
-def _grpc_services(settings: Settings, service: InferenceService) -> tuple[GrpcService, ...]:
+def _grpc_services(context: ProtocolContext) -> tuple[GrpcService, ...]:
     """Every protocol's gRPC services, then grpc.health.v1 answering for them."""
-    context = protocol_context(settings, service)
     built = [s for spec in protocols.REGISTRY if spec.grpc for s in spec.grpc(context)]
-    return (*built, health_service(service.lifecycle))
+    return (*built, health_service(context.service.lifecycle))
 
 
 def _routes(
     settings: Settings,
-    service: InferenceService,
+    context: ProtocolContext,
     metrics: GatewayMetrics,
     registries: tuple[CollectorRegistry, ...],
     shutdown: Shutdown,
 ) -> tuple[Route, ...]:
-    """Every protocol's routes, the control plane's and the metrics routes."""
-    context = protocol_context(settings, service)
+    """Every protocol's routes (the same context as their gRPC services), the control plane's
+    and the metrics routes."""
+    service = context.service
     built: list[Route] = [r for spec in protocols.REGISTRY for r in spec.routes(context)]
     documents: dict[str, dict[str, Any]] = {}
     built += control.routes(
