@@ -405,8 +405,8 @@ class AdapterRegistry:
         path = self.found(name)
         if path is None:
             raise AdapterNotFound(f"The model `{requested}` does not exist.")
-        failure = self._failed.get(name)
-        if failure is not None and failure.fingerprint == fingerprint(path):
+        failure = self._still_refused(name, path)
+        if failure is not None:
             raise AdapterInvalid(failure.reason, param="model")
         pending = self._discovering.get(name)
         if pending is None:
@@ -414,6 +414,13 @@ class AdapterRegistry:
             self._discovering[name] = pending
             pending.add_done_callback(lambda _: self._discovering.pop(name, None))
         await asyncio.shield(pending)
+
+    def _still_refused(self, name: str, path: Path) -> Failure | None:
+        """The refusal of this folder, unless its files changed since (then it is retried)."""
+        failure = self._failed.get(name)
+        if failure is None or failure.fingerprint != fingerprint(path):
+            return None
+        return failure
 
     async def _register_found(self, name: str, path: Path) -> None:
         try:
@@ -466,8 +473,7 @@ class AdapterRegistry:
         for name, path in present.items():
             if name in self._records or name in self._aliases:
                 continue
-            failure = self._failed.get(name)
-            if failure is not None and failure.fingerprint == fingerprint(path):
+            if self._still_refused(name, path) is not None:
                 continue
             try:
                 await self._register_found(name, path)
