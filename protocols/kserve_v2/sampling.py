@@ -116,14 +116,19 @@ def _logit_bias(name: str, raw: object) -> tuple[tuple[int, float], ...]:
     return tuple((_int(name, key), _float(name, value)) for key, value in raw.items())
 
 
+def _json_object(raw: object) -> object:
+    """A JSON object given as a string (the backend's form) or as an object; else as given."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return jsonio.loads(raw)
+    except jsonio.JSONDecodeError:
+        return None
+
+
 def _structured(name: str, raw: object) -> StructuredOutput:
     """vLLM's StructuredOutputsParams, as the JSON string the backend expects (or an object)."""
-    spec = raw
-    if isinstance(raw, str):
-        try:
-            spec = jsonio.loads(raw)
-        except jsonio.JSONDecodeError:
-            spec = None
+    spec = _json_object(raw)
     if not isinstance(spec, dict):
         raise InvalidRequest(
             f"parameter '{name}' must be a JSON object (as a string) with one of json, regex, "
@@ -140,12 +145,7 @@ GUIDED_BACKENDS = frozenset({"xgrammar", "xgrammar:no-fallback", "auto", "xgramm
 def _guided(name: str, raw: object) -> StructuredOutput:
     """The backend's older name for `structured_outputs`, as an object or a JSON string; a
     `backend` key is dropped if it names xgrammar or auto, else refused (as the backend)."""
-    spec = raw
-    if isinstance(raw, str):
-        try:
-            spec = jsonio.loads(raw)
-        except jsonio.JSONDecodeError:
-            spec = None
+    spec = _json_object(raw)
     if isinstance(spec, dict) and "backend" in spec:
         backend = spec["backend"]
         if backend not in GUIDED_BACKENDS:
@@ -155,7 +155,7 @@ def _guided(name: str, raw: object) -> StructuredOutput:
                 param=name,
             )
         spec = {key: value for key, value in spec.items() if key != "backend"}
-    return _structured(name, spec if isinstance(spec, dict) else raw)
+    return _structured(name, spec)
 
 
 Convert = Callable[[str, object], Any]
