@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from tests.conformance.test_triton_clients import wait_idle
 from tests.integration.traffic import management_client
 from tests.serverproc import CERTS, RunningServer, running_server
 
@@ -106,15 +107,6 @@ def http_generate(http: httpx.Client, model: str, sampling: dict[str, Any]) -> s
     assert r.status_code == 200, r.text
     text: str = r.json()["text_output"]
     return text
-
-
-def wait_idle(http: httpx.Client, deadline_s: float = 30.0) -> dict[str, int]:
-    end = time.monotonic() + deadline_s
-    while True:
-        current: dict[str, int] = http.get("/v2/models/tiny/getSlotCount").json()
-        if current["free_slots"] == current["total_slots"] or time.monotonic() > end:
-            return current
-        time.sleep(0.05)
 
 
 # ---- health, metadata, config, statistics, index ------------------------------------------
