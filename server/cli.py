@@ -18,6 +18,7 @@ from server.engines.factory import create_engine
 from server.observability.logs import configure_logging, log_settings
 from server.runtime.limits import UnsupportedUvicorn
 from server.runtime.process import serve
+from server.runtime.workers import supervise
 from server.settings import SettingsError, load_settings, redacted
 
 logger = logging.getLogger("gateway")
@@ -104,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_settings(logger, redacted(settings), loaded.provenance, json_format=json_logs)
     log_phase(logger, "settings", started)
     try:
+        if settings.server.workers > 1:
+            return supervise(settings, started)
         return uvloop.run(serve(settings, create_engine, started=started))
     except SettingsError as exc:
         sys.stderr.write(f"llm-gateway: configuration error:\n{exc}\n")

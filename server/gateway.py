@@ -94,12 +94,15 @@ def build_gateway(
     lifecycle: Lifecycle | None = None,
     shutdown: Shutdown | None = None,
     observer: RequestObserver | None = None,
+    make_adapters: Callable[..., AdapterRegistry] = AdapterRegistry,
 ) -> Gateway:
+    """The gateway of this process; `make_adapters` makes its adapter registry (another
+    worker's mirror, server/runtime/registry_link.py, when several processes serve)."""
     lifecycle = lifecycle or Lifecycle()
     shutdown = shutdown or Shutdown(lifecycle)
     base_names = _base_names(settings, engine)
     state = settings.lora.state_file
-    adapters = AdapterRegistry(
+    adapters = make_adapters(
         engine=engine, rules=adapter_rules(settings, base_names), limits=_adapter_limits(settings),
         state_file=Path(resolve_path(settings, state)) if state else None,
     )

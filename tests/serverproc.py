@@ -106,6 +106,8 @@ def base_config(engine: str = "vllm") -> dict[str, Any]:
             "tlsCrlPath": str(CERTS),
             "tlsCrlFiles": ["crl.pem"],
             "maxRequestLength": 1,
+            # `make test` runs the conformance suite once more on two worker processes
+            "workers": int(os.environ.get("GATEWAY_TEST_WORKERS", "1")),
         },
         "ModelConfig": {
             "modelName": "tiny",

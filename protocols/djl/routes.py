@@ -242,6 +242,7 @@ def _methods(**handlers: Callable[[Request], Any]) -> Endpoint:
 def adapters(ctx: ProtocolContext) -> Endpoint:
     async def list_adapters(request: Request) -> Response:
         registry = _registry(ctx, request)
+        await registry.refresh()
         query = dict(request.query_params)
         return _djl_response(translate.to_list(registry.records(), query))
 
@@ -268,6 +269,7 @@ def adapters(ctx: ProtocolContext) -> Endpoint:
 def adapter(ctx: ProtocolContext) -> Endpoint:
     async def describe(request: Request) -> Response:
         registry = _registry(ctx, request)
+        await registry.refresh()
         name = request.path_params["name"]
         failure = registry.failures().get(name)
         if failure is not None and name not in registry.names():

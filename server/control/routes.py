@@ -15,6 +15,7 @@ ready is 503 while draining, stopped or saturated (MindIE "busy"), 500 once the 
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -306,6 +307,7 @@ def status_body(service: InferenceService, roles: RoleState, *, v2: bool) -> dic
             "admitted": service.admission.running,
             "queued": service.admission.waiting,
             "adapters": service.adapters.names(),
+            "pid": os.getpid(),  # which worker answered, when several serve
         },
     }
 

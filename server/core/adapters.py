@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -135,6 +135,15 @@ class AdapterRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RegistryView:
+    """A registry's names, aliases and refusals, as another worker process shows them."""
+
+    records: tuple[AdapterRecord, ...]
+    aliases: dict[str, str]
+    failed: dict[str, Failure]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AdapterSnapshot:
     """Per-adapter numbers for metrics (counters are totals since registration)."""
 
@@ -209,6 +218,9 @@ class AdapterRegistry:
         self._lock = asyncio.Lock()  # serialises changes of the registry and of the engine
         self._room = asyncio.Event()  # set (then replaced) whenever a cached place may be free
         self._tasks: set[asyncio.Task[None]] = set()
+        # awaited after every change of names, sources, pins or refusals, before the change is
+        # answered: how the other worker processes see it (server/runtime/registry_link.py)
+        self.on_change: Callable[[], Awaitable[None]] | None = None
 
     # ---- queries ---------------------------------------------------------------------------
     def names(self) -> list[str]:
@@ -266,6 +278,23 @@ class AdapterRegistry:
     def snapshots(self) -> list[AdapterSnapshot]:
         return [record.snapshot() for record in self._records.values()]
 
+    async def refresh(self) -> None:
+        """Bring records' numbers and residency up to date before showing them (a mirror
+        asks the owner; the owner's are always current)."""
+
+    def view(self) -> RegistryView:
+        """What other workers need to route and list adapters as this registry does."""
+        return RegistryView(
+            records=tuple(self._records.values()), aliases=dict(self._aliases),
+            failed=dict(self._failed),
+        )
+
+    def show(self, view: RegistryView) -> None:
+        """Take another registry's view as this one's names, aliases and refusals."""
+        self._records = {record.name: record for record in view.records}
+        self._aliases = dict(view.aliases)
+        self._failed = dict(view.failed)
+
     async def engine_resident(self) -> set[str]:
         """Names of registered adapters the engine really holds now (asks the engine)."""
         ids = await self._engine.resident_adapters()
@@ -307,6 +336,7 @@ class AdapterRegistry:
                 await self._load_new(record)
         finally:
             self._save_state()
+            await self._changed()
         return record
 
     async def update(
@@ -339,6 +369,7 @@ class AdapterRegistry:
                 await self._load_new(record, previous=old, was_pinned=was_pinned)
         finally:
             self._save_state()
+            await self._changed()
         return record
 
     async def unregister(self, name: str) -> AdapterRecord:
@@ -350,6 +381,7 @@ class AdapterRegistry:
             record.removed = True
             self._retired.append(record)
         self._save_state()
+        await self._changed()
         if record.inflight == 0:
             await self._unload_settled(record)
         return record
@@ -430,6 +462,7 @@ class AdapterRegistry:
         except GatewayError as exc:
             self._failed[name] = Failure(str(path), exc.message, fingerprint(path))
             logger.error("adapter folder %s refused: %s", path, exc.message)
+            await self._changed()
             raise
         logger.info("adapter %s registered from its folder %s", name, path)
 
@@ -447,8 +480,11 @@ class AdapterRegistry:
                 old, old.src, files, preload=old.preload, pin=old.pin, options=old.options
             )
         logger.info("adapter %s reloaded: its files changed", name)
-        if record.preload or record.pin:
-            await self._load_new(record)
+        try:
+            if record.preload or record.pin:
+                await self._load_new(record)
+        finally:
+            await self._changed()
         return record
 
     async def _rebind_if_changed(self, record: AdapterRecord) -> None:
@@ -480,8 +516,11 @@ class AdapterRegistry:
                 added.append(name)
             except GatewayError:
                 failed.append(name)
-        for name in [n for n in self._failed if n not in present]:
+        gone = [n for n in self._failed if n not in present]
+        for name in gone:
             del self._failed[name]
+        if gone:
+            await self._changed()
         for record in list(self._records.values()):
             # the record's own folder, looked at now: one registered by a request during this
             # scan is not in `present`, yet its folder is there
@@ -691,6 +730,10 @@ class AdapterRegistry:
             write_state(self._state_file, kept)
         except OSError:
             logger.exception("the adapter state file %s could not be written", self._state_file)
+
+    async def _changed(self) -> None:
+        if self.on_change is not None:
+            await self.on_change()
 
     def _check_enabled(self) -> None:
         if not self.limits.enabled:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from enum import StrEnum
 
 PHASES = ("settings", "listeners", "engine import", "engine start", "warm-up", "adapters", "ready")
@@ -47,11 +48,19 @@ class Role(StrEnum):
 class Lifecycle:
     def __init__(self, *, role: Role = Role.FLEX) -> None:
         self.state = State.STARTING
-        self.role = role
+        self._role = role
         self.failure: str | None = None
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @role.setter
+    def role(self, role: Role) -> None:
+        self._role = role
 
     @property
     def accepting(self) -> bool:
@@ -111,15 +120,19 @@ class Lifecycle:
 class Shutdown:
     """The stop request: SIGTERM, SIGINT and GET /stopService all land in `request()`.
     Readiness turns 503 at once; the runtime drains (server/runtime/process.py) and then sets
-    `drained`. `force` aborts in-flight requests instead of waiting for them. Idempotent."""
+    `drained`. `force` aborts in-flight requests instead of waiting for them. Idempotent.
+    `also` is told of every request (a worker tells its supervisor, which stops every worker)."""
 
-    def __init__(self, lifecycle: Lifecycle) -> None:
+    def __init__(self, lifecycle: Lifecycle, also: Callable[[], None] | None = None) -> None:
         self._lifecycle = lifecycle
+        self._also = also
         self.requested = asyncio.Event()
         self.forced = asyncio.Event()
         self.drained = asyncio.Event()
 
     def request(self, *, force: bool = False) -> None:
+        if self._also is not None and not self.requested.is_set():
+            self._also()
         self._lifecycle.begin_drain()
         if force:
             self.forced.set()

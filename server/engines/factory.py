@@ -14,6 +14,7 @@ from server.settings import Settings, SettingsError, resolve_path
 
 if TYPE_CHECKING:
     from server.engines.fake import FakeScript
+    from server.engines.vllm import ClientPlace, CoreLaunch, VllmEngineOptions
 
 logger = logging.getLogger("gateway")
 
@@ -21,7 +22,9 @@ logger = logging.getLogger("gateway")
 FAKE_OPTIONS = frozenset({"token_delay_s", "fail_after", "hang_after", "dead_flag_path"})
 
 
-async def create_engine(settings: Settings) -> Engine:
+async def create_engine(settings: Settings, client: ClientPlace | None = None) -> Engine:
+    """The engine of this process; with `client`, a front end of the engine core the
+    supervisor launched (`launch_core`) instead of an engine of its own."""
     if settings.engine == "fake":
         from server.engines.fake import FakeEngine
 
@@ -36,10 +39,30 @@ async def create_engine(settings: Settings) -> Engine:
         )
         log_phase(logger, "engine start", since, "fake engine")
         return fake
-    from server.engines.vllm import VllmEngineOptions, create
+    from server.engines.vllm import create
+
+    engine = await create(vllm_options(settings), client)
+    since = time.monotonic()
+    await warm_up(engine)
+    log_phase(logger, "warm-up", since)
+    return engine
+
+
+def launch_core(settings: Settings, workers: int) -> CoreLaunch | None:
+    """vLLM's engine core for `workers` front-end processes (None with the fake engine: each
+    worker then runs its own, which keeps no state a request could see)."""
+    if settings.engine == "fake":
+        return None
+    from server.engines.vllm import CoreLaunch
+
+    return CoreLaunch(vllm_options(settings), workers)
+
+
+def vllm_options(settings: Settings) -> VllmEngineOptions:
+    from server.engines.vllm import VllmEngineOptions
 
     model, lora = settings.model, settings.lora
-    options = VllmEngineOptions(
+    return VllmEngineOptions(
         model_path=resolve_path(settings, model.weight_path),
         served_model_name=model.name,
         dtype=model.dtype,
@@ -55,16 +78,12 @@ async def create_engine(settings: Settings) -> Engine:
         fully_sharded_loras=lora.fully_sharded_loras,
         tensor_parallel_size=model.tensor_parallel_size,
         pipeline_parallel_size=model.pipeline_parallel_size,
+        data_parallel_size=model.data_parallel_size,
         distributed_executor_backend=model.distributed_executor_backend,
         tool_call_parser=model.tool_call_parser,
         reasoning_parser=model.reasoning_parser,
         extra=dict(model.engine_options),
     )
-    engine = await create(options)
-    since = time.monotonic()
-    await warm_up(engine)
-    log_phase(logger, "warm-up", since)
-    return engine
 
 
 async def warm_up(engine: Engine) -> None:

@@ -15,6 +15,7 @@ inside methods), so importing it loads neither vLLM nor torch. It owns:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -73,7 +74,7 @@ if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams, StructuredOutputsParams
     from vllm.tokenizers import TokenizerLike
     from vllm.v1.engine.async_llm import AsyncLLM
-    from vllm.v1.metrics.loggers import StatLoggerBase
+    from vllm.v1.metrics.loggers import StatLoggerBase, StatLoggerFactory
     from vllm.v1.metrics.stats import RequestStateStats, SchedulerStats
 
 logger = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ class VllmEngineOptions:
     fully_sharded_loras: bool = False
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
     distributed_executor_backend: str | None = None
     tool_call_parser: str | None = None  # vLLM's --tool-call-parser names
     reasoning_parser: str | None = None  # vLLM's --reasoning-parser names
@@ -144,6 +146,7 @@ class VllmEngineOptions:
             "fully_sharded_loras": self.fully_sharded_loras,
             "tensor_parallel_size": self.tensor_parallel_size,
             "pipeline_parallel_size": self.pipeline_parallel_size,
+            "data_parallel_size": self.data_parallel_size,
             "distributed_executor_backend": self.distributed_executor_backend,
             "disable_log_stats": False,
         }
@@ -153,8 +156,11 @@ class VllmEngineOptions:
         return kwargs
 
 
-async def create(options: VllmEngineOptions) -> VllmEngine:
+async def create(options: VllmEngineOptions, client: ClientPlace | None = None) -> VllmEngine:
     """Start vLLM and wrap it. Raises `EngineError` if vLLM cannot start.
+
+    With `client`, no engine is started: this process becomes one front end (client) of the
+    engine core `launch_core` started in the supervisor, as each of vLLM's API servers does.
 
     Importing vLLM (5-10 s) happens in a worker thread; the engine start-up itself (10-25 s
     on the CPU) runs on the event loop, as vLLM's async client must be built there.
@@ -164,11 +170,12 @@ async def create(options: VllmEngineOptions) -> VllmEngine:
     since = log_phase(logger, "engine import", since)
     snapshot = _SchedulerSnapshot()
     try:
-        llm = _start(options, snapshot)
+        llm = _start(options, snapshot, client)
     except Exception as exc:
         logger.exception("the vLLM engine failed to start")
         raise EngineError(f"the vLLM engine failed to start: {_first_line(exc)}") from exc
-    log_phase(logger, "engine start", since, f"vLLM {_vllm_version()}")
+    what = "client" if client else "start"
+    log_phase(logger, f"engine {what}", since, f"vLLM {_vllm_version()}")
     return VllmEngine(llm, options, snapshot)
 
 
@@ -182,14 +189,115 @@ def _vllm_version() -> str:
     return str(vllm.__version__)
 
 
-def _start(options: VllmEngineOptions, snapshot: _SchedulerSnapshot) -> AsyncLLM:
+def _start(
+    options: VllmEngineOptions, snapshot: _SchedulerSnapshot, client: ClientPlace | None
+) -> AsyncLLM:
     from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
     args = AsyncEngineArgs(**options.engine_kwargs())
     # A custom per-engine logger is added to vLLM's defaults, so its Prometheus logger
     # (the `vllm:` families in prometheus_client's REGISTRY) stays active.
-    return AsyncLLM.from_engine_args(args, stat_loggers=[_snapshot_logger(snapshot)])
+    loggers: list[StatLoggerFactory] = [_snapshot_logger(snapshot)]
+    if client is None:
+        return AsyncLLM.from_engine_args(args, stat_loggers=loggers)
+    # as vLLM's build_async_engine_client does for each of its API servers
+    args._api_process_count = client.count
+    args._api_process_rank = client.index
+    return AsyncLLM.from_vllm_config(
+        args.create_engine_config(),
+        stat_loggers=loggers,
+        client_addresses=dict(client.addresses),
+        client_count=client.count,
+        client_index=client.index,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClientPlace:
+    """One front end's place among `count` clients of an engine core started elsewhere: the
+    ZMQ listeners and addresses vLLM's launcher made for it (passed to a spawned process)."""
+
+    addresses: Mapping[str, Any]
+    count: int
+    index: int
+
+
+class CoreLaunch:
+    """The engine core (and vLLM's DP coordinator when data parallel) started once, in the
+    supervisor, for `count` front ends: vLLM's own multi-API-server launch
+    (`vllm serve --api-server-count`, vllm/entrypoints/cli/serve.py), driven from our options."""
+
+    def __init__(self, options: VllmEngineOptions, count: int) -> None:
+        from vllm import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.utils import bind_engine_zmq_listeners
+
+        args = AsyncEngineArgs(**options.engine_kwargs())
+        args._api_process_count = count
+        args._api_process_rank = -1
+        self._config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        self._log_stats = not args.disable_log_stats
+        self._listeners = bind_engine_zmq_listeners(self._config, count)
+        self.engine_manager: Any = None
+        self.coordinator: Any = None
+        self._launch: Any = None
+
+    @contextlib.contextmanager
+    def start(self) -> Iterator[list[ClientPlace]]:
+        """Start the engine core; the body starts the front ends with the places it gets
+        (each listener goes to one process). Leaving the body waits until the engine is up."""
+        from vllm.v1.engine.utils import launch_core_engines
+        from vllm.v1.executor import Executor
+
+        listeners = self._listeners
+        with launch_core_engines(
+            self._config, Executor.get_class(self._config), self._log_stats, listeners.addresses
+        ) as launch:
+            self._launch = launch
+            self.engine_manager, self.coordinator = launch.engine_manager, launch.coordinator
+            stats = self.coordinator.get_stats_publish_address() if self.coordinator else None
+            count = len(listeners.inputs)
+            places = [
+                ClientPlace(_client_addresses(inp, out, stats), count, index)
+                for index, (inp, out) in enumerate(zip(listeners.inputs, listeners.outputs,
+                                                       strict=True))
+            ]
+            yield places
+            for listener in (*listeners.inputs, *listeners.outputs):
+                listener.close()  # the front ends hold them now
+
+    def watch(self, processes: Sequence[Any]) -> None:
+        """Front ends whose death while the engine starts aborts the start (as vLLM's)."""
+        self._launch.watched_frontend_processes = processes
+
+    def sentinels(self) -> list[int]:
+        """Process sentinels of the engine core(s) and the coordinator, to watch for death."""
+        procs = list(getattr(self.engine_manager, "processes", []) or [])
+        if self.coordinator is not None:
+            procs.append(self.coordinator.proc)
+        return [proc.sentinel for proc in procs]
+
+    def shutdown(self, timeout: float | None) -> None:
+        for listener in (*self._listeners.inputs, *self._listeners.outputs):
+            listener.cleanup()  # ipc:// files
+        if self.engine_manager is not None:
+            self.engine_manager.shutdown(timeout=timeout)
+        if self.coordinator is not None:
+            self.coordinator.shutdown(timeout=timeout)
+
+
+def _client_addresses(inp: Any, out: Any, stats: str | None) -> dict[str, Any]:
+    """What vLLM's APIServerProcessManager hands each API server (vllm/v1/utils.py)."""
+    addresses: dict[str, Any] = {
+        "input_address": inp.address,
+        "output_address": out.address,
+        "input_listener": inp.socket,
+        "output_listener": out.socket,
+    }
+    if stats is not None:
+        addresses["stats_update_address"] = stats
+    return addresses
 
 
 class _SchedulerSnapshot:

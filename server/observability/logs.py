@@ -43,14 +43,18 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def configure_logging(level: str, *, json_format: bool) -> None:
+def configure_logging(level: str, *, json_format: bool, process: str = "") -> None:
+    """`process` names this process in plain-text lines (`worker-1` among several)."""
     handler = logging.StreamHandler()
     handler.addFilter(RequestIdFilter())
     if json_format:
         handler.setFormatter(JsonFormatter())
     else:
+        tag = f" {process}" if process else ""
         handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
+            logging.Formatter(
+                f"%(asctime)s %(levelname)s %(name)s{tag} [%(request_id)s] %(message)s"
+            )
         )
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -453,6 +453,13 @@ def _load_histogram(snapshots: Sequence[AdapterSnapshot]) -> Metric:
     return family
 
 
+def worker_exited(pid: int, metrics_dir: str) -> None:
+    """Forget a worker process's live gauges (multiprocess mode: several workers)."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid, metrics_dir)  # type: ignore[no-untyped-call]
+
+
 def prometheus_text(registries: Sequence[CollectorRegistry]) -> bytes:
     return b"".join(generate_latest(registry) for registry in registries)
 
@@ -496,6 +503,7 @@ def routes(
     `guard` returns that response or None), on the metrics and management listeners."""
 
     async def prometheus(request: Request) -> Answer:
+        await service.adapters.refresh()
         return Response(prometheus_text(registries), media_type=PROMETHEUS_TEXT)
 
     async def mindie_json(request: Request) -> Answer:

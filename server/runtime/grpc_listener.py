@@ -37,10 +37,12 @@ class GrpcPlan:
     credentials: grpc.ServerCredentials | None  # None: plaintext
     peer_allowed: Callable[[bytes], bool] | None  # the CRL check of client certificates
     max_message_bytes: int
+    shared: bool = False  # bound by every worker process (SO_REUSEPORT)
 
 
-def plan_grpc(settings: Settings) -> GrpcPlan | None:
-    """None when no `grpcPort` is configured."""
+def plan_grpc(settings: Settings, *, shared: bool = False) -> GrpcPlan | None:
+    """None when no `grpcPort` is configured. `shared`: each worker process binds the port
+    (SO_REUSEPORT: the kernel spreads connections over them)."""
     listener = settings.server.grpc
     if listener.port is None:
         return None
@@ -51,6 +53,7 @@ def plan_grpc(settings: Settings) -> GrpcPlan | None:
         credentials=grpc_credentials(files) if files else None,
         peer_allowed=revocation_check(files) if files else None,
         max_message_bytes=settings.server.max_request_bytes,
+        shared=shared,
     )
 
 
@@ -62,7 +65,8 @@ async def start_grpc(gateway: Gateway, plan: GrpcPlan | None) -> aio.Server | No
         options=[
             ("grpc.max_receive_message_length", plan.max_message_bytes),
             ("grpc.max_send_message_length", -1),
-            ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share
+            # a second server on the same port must fail, not share, unless it is a sibling worker
+            ("grpc.so_reuseport", int(plan.shared)),
         ],
     )
     for service in gateway.grpc_services:

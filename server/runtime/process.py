@@ -13,8 +13,9 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
 import time
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.core.adapter_state import SavedAdapter
+from server.core.adapters import AdapterRegistry
 from server.core.engine import Engine
 from server.core.errors import GatewayError, ServiceUnavailable
 from server.core.lifecycle import Lifecycle, Shutdown, State, log_phase
@@ -40,7 +42,9 @@ from server.runtime.limits import (
     check_uvicorn,
     limited_protocol,
 )
+from server.runtime.registry_link import MirrorRegistry, OwnerLink, RegistryOwner
 from server.runtime.tls import build_context, check_bind_address, tls_files
+from server.runtime.worker import Worker
 from server.settings import Settings
 
 logger = logging.getLogger("gateway")
@@ -138,29 +142,32 @@ def uvicorn_config(app: ASGIApp, listener: Listener, settings: Settings) -> uvic
     return config
 
 
-async def serve(
+async def serve(  # noqa: PLR0915 - the start-up sequence, one step per line
     settings: Settings,
     engine_factory: EngineFactory,
     *,
     on_gateway: Hook | None = None,
     started: float | None = None,
+    worker: Worker | None = None,
 ) -> int:
     """Run until stopped. Returns the process exit code: 0 after a stop, 1 if the engine failed.
-    `started` (time.monotonic() at process start) dates the start-up's `ready` line."""
+    `started` (time.monotonic() at process start) dates the start-up's `ready` line. `worker`:
+    this process is one of several front ends the supervisor started (server/runtime/workers.py).
+    """
     phase = time.monotonic()
     check_uvicorn()
-    lifecycle = Lifecycle()
-    shutdown = Shutdown(lifecycle)
+    lifecycle = worker.lifecycle() if worker else Lifecycle()
+    shutdown = Shutdown(lifecycle, worker.tell_supervisor if worker else None)
     listeners = plan_listeners(settings)
-    grpc_plan = plan_grpc(settings)
-    saved = saved_adapters(settings)
+    grpc_plan = plan_grpc(settings, shared=worker is not None)
+    saved = saved_adapters(settings) if worker is None or worker.owner else []
     holders = [StartingApp(lifecycle, live_paths()) for _ in listeners]
     servers = [
         GatewayServer(uvicorn_config(h, ln, settings))
         for h, ln in zip(holders, listeners, strict=True)
     ]
-    tasks = await _open(servers, listeners, phase)
-    StopSignals(shutdown).install()
+    tasks = await _open(servers, listeners, phase, worker.sockets if worker else None)
+    StopSignals(shutdown).install(interrupt=worker is None)
     try:
         engine = await _start_engine(settings, engine_factory, shutdown.requested)
     except Exception as exc:
@@ -168,35 +175,71 @@ async def serve(
     if engine is None:
         await _close_servers(servers, tasks)
         return 0
-    gateway = build_gateway(settings, engine, lifecycle=lifecycle, shutdown=shutdown)
+    gateway = build_gateway(
+        settings, engine, lifecycle=lifecycle, shutdown=shutdown,
+        make_adapters=worker.make_adapters() if worker else AdapterRegistry,
+    )
     if on_gateway is not None:
         on_gateway(gateway)
-    await _register_adapters(gateway, saved)
+    try:
+        link = await _join_registry(gateway, worker)
+    except GatewayError as exc:
+        await engine.shutdown()
+        return await _failed_start("the adapter registry failed", exc, lifecycle, servers, tasks)
+    if worker is None or worker.owner:
+        await _register_adapters(gateway, saved)
     for holder, listener in zip(holders, listeners, strict=True):
         holder.serve(gateway.app(listener.roles))
     try:
         grpc_server = await start_grpc(gateway, grpc_plan)
+        if worker is not None:
+            await worker.all_started()
     except Exception as exc:
         await engine.shutdown()
-        return await _failed_start("the gRPC listener failed to start", exc, lifecycle, servers,
-                                   tasks)
+        return await _failed_start("the start failed", exc, lifecycle, servers, tasks)
     # Move the start-up heap (torch, vLLM, tokenizer) out of the collector's reach, as vLLM's
     # own server does: otherwise full collections under load stall the event loop 0.4-0.65 s.
     gc.collect()
     gc.freeze()
     lifecycle.ready()
     log_phase(logger, "ready", phase if started is None else started, "since the process started")
-    background = _background_tasks(gateway)
+    background = _background_tasks(gateway, watch_folders=worker is None or worker.owner)
     await shutdown.requested.wait()
     await drain(gateway)
     for task in background:
         task.cancel()
     await stop_grpc(grpc_server)
     await _close_servers(servers, tasks)
+    await _leave_registry(link, gateway.settings.limits.drain_timeout_s)
     await engine.shutdown()
     lifecycle.stopped()
     logger.info("stopped")
     return 1 if lifecycle.state is State.FAILED else 0
+
+
+async def _join_registry(
+    gateway: Gateway, worker: Worker | None
+) -> RegistryOwner | OwnerLink | None:
+    """With several workers: the owner serves its registry to the others, a mirror connects to
+    it and takes its names before it answers a request."""
+    if worker is None:
+        return None
+    if worker.owner:
+        owner = RegistryOwner(gateway.adapters, worker.registry_path)
+        await owner.start()
+        return owner
+    assert isinstance(gateway.adapters, MirrorRegistry)
+    await gateway.adapters.link.connect()
+    return gateway.adapters.link
+
+
+async def _leave_registry(link: RegistryOwner | OwnerLink | None, timeout_s: float) -> None:
+    """A mirror disconnects after its drain; the owner serves until every mirror has (their
+    requests still acquire and release adapters while they drain)."""
+    if isinstance(link, RegistryOwner):
+        await link.wait_mirrors_gone(timeout_s + ABORT_GRACE_S)
+    if link is not None:
+        await link.close()
 
 
 class StopSignals:
@@ -206,9 +249,13 @@ class StopSignals:
         self._shutdown = shutdown
         self._received = 0
 
-    def install(self) -> None:
+    def install(self, *, interrupt: bool = True) -> None:
+        """`interrupt=False` (a worker): SIGINT is ignored, the supervisor relays Ctrl+C."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
+            if sig is signal.SIGINT and not interrupt:
+                signal.signal(sig, signal.SIG_IGN)
+                continue
             loop.add_signal_handler(sig, self.handle, sig)
 
     def handle(self, sig: signal.Signals) -> None:
@@ -270,12 +317,13 @@ async def _start_engine(
     return None
 
 
-def _background_tasks(gateway: Gateway) -> list[asyncio.Task[None]]:
-    """The engine watchdog, and adapterDir rescans (LoraConfig.adapterDirRefresh s; 0 = off)."""
+def _background_tasks(gateway: Gateway, *, watch_folders: bool) -> list[asyncio.Task[None]]:
+    """The engine watchdog, and adapterDir rescans (LoraConfig.adapterDirRefresh s; 0 = off;
+    only in the registry's owner)."""
     tasks = [asyncio.create_task(watch_engine(gateway))]
     lora = gateway.settings.lora
     interval = lora.adapter_dir_refresh_s
-    if lora.enabled and interval > 0 and gateway.adapters.limits.discovery_dirs:
+    if watch_folders and lora.enabled and interval > 0 and gateway.adapters.limits.discovery_dirs:
         tasks.append(asyncio.create_task(gateway.adapters.watch_folders(interval)))
     return tasks
 
@@ -300,10 +348,20 @@ async def _register_adapters(gateway: Gateway, saved: list[SavedAdapter]) -> Non
 
 
 async def _open(
-    servers: list[GatewayServer], listeners: list[Listener], since: float
+    servers: list[GatewayServer],
+    listeners: list[Listener],
+    since: float,
+    sockets: Sequence[socket.socket] | None = None,
 ) -> list[asyncio.Task[None]]:
-    """Start the listeners; once all are bound (or one failed, which shows later), log them."""
-    tasks = [asyncio.create_task(s.serve()) for s in servers]
+    """Start the listeners (on the supervisor's `sockets`, one per listener, if given); once
+    all are bound (or one failed, which shows later), log them."""
+    if sockets is None:
+        tasks = [asyncio.create_task(s.serve()) for s in servers]
+    else:
+        tasks = [
+            asyncio.create_task(s.serve(sockets=[sock]))
+            for s, sock in zip(servers, sockets, strict=True)
+        ]
     while not all(s.started for s in servers) and not any(t.done() for t in tasks):  # noqa: ASYNC110 (uvicorn offers only a flag)
         await asyncio.sleep(0.01)
     where = ", ".join(f"{ln.host}:{ln.port} {'+'.join(ln.roles)}" for ln in listeners)

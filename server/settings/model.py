@@ -62,6 +62,8 @@ class ServerSettings(_Section):
     request_receive_timeout_s: float = Field(30.0, gt=0)  # whole request must arrive (slowloris)
     send_timeout_s: float = Field(60.0, gt=0)  # a client that reads nothing this long is dropped
     keep_alive_timeout_s: float = Field(5.0, gt=0)
+    # front-end processes over one engine core (vLLM's --api-server-count): README, Scaling
+    workers: int = Field(1, ge=1, le=64)
 
     @property
     def max_request_bytes(self) -> int:
@@ -86,6 +88,7 @@ class ModelSettings(_Section):
     enforce_eager: bool = True
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
+    data_parallel_size: int = Field(1, ge=1)  # engine cores, vLLM balancing requests over them
     distributed_executor_backend: str | None = None
     kv_cache_space_gib: int = Field(1, ge=1)
     tool_call_parser: str | None = None  # vLLM's --tool-call-parser name: tool_choice "auto"

@@ -1,0 +1,354 @@
+"""One adapter registry across worker processes (`ServerConfig.workers` > 1).
+
+Worker 0 owns the registry: the only one that validates adapters, adds them to and removes them
+from the engine core, counts their requests and decides evictions, so an adapter loads once and
+the engine never holds one the registry does not know. The other workers mirror it
+(`MirrorRegistry`): they list, describe and route from a copy of its names, aliases and refusals
+that the owner pushes after every change and before that change is answered (`RegistryOwner.
+publish` waits for each mirror's acknowledgement), and they send every management call and every
+adapter request's acquire and release to the owner over a Unix socket in the supervisor's private
+directory. Generation itself never goes through this link: each worker is its own client of the
+engine core (vLLM's multi-API-server launch).
+
+Messages are pickled: both ends are this program, and the socket's directory is the supervisor's
+own (mode 0700).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import pickle
+import struct
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from server.core.adapter_files import AdapterRules
+from server.core.adapters import (
+    AdapterLimits,
+    AdapterRecord,
+    AdapterRegistry,
+    RegistryView,
+)
+from server.core.engine import Engine
+from server.core.errors import EngineError, GatewayError, ServiceUnavailable
+from server.core.types import AdapterHandle
+
+logger = logging.getLogger("gateway.adapters")
+
+_FRAME = struct.Struct("!I")
+_CALLS = frozenset({"register", "update", "unregister", "engine_resident"})
+ACK_TIMEOUT_S = 30.0  # a mirror that does not take a change this long is stuck: say so
+CONNECT_TIMEOUT_S = 600.0  # the owner starts its engine client first (tens of seconds)
+
+
+def _frame(message: object) -> bytes:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _FRAME.pack(len(data)) + data
+
+
+async def _receive(reader: asyncio.StreamReader) -> Any:
+    (size,) = _FRAME.unpack(await reader.readexactly(_FRAME.size))
+    return pickle.loads(await reader.readexactly(size))
+
+
+class _Mirror:
+    """The owner's side of one mirror's connection."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.acked = 0
+        self._acks: dict[int, asyncio.Future[None]] = {}
+
+    def send(self, message: object) -> None:
+        self.writer.write(_frame(message))
+
+    async def push(self, version: int, view: RegistryView) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._acks[version] = waiter
+        self.send(("state", version, view))
+        try:
+            await asyncio.wait_for(waiter, ACK_TIMEOUT_S)
+        except TimeoutError:
+            logger.error("a worker did not take adapter change %d within %ss", version,
+                         ACK_TIMEOUT_S)
+        finally:
+            self._acks.pop(version, None)
+
+    def ack(self, version: int) -> None:
+        self.acked = max(self.acked, version)
+        for seen, waiter in list(self._acks.items()):
+            if seen <= version and not waiter.done():
+                waiter.set_result(None)
+
+    def close(self) -> None:
+        for waiter in self._acks.values():
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class RegistryOwner:
+    """Serves the registry of worker 0 to the mirrors."""
+
+    def __init__(self, registry: AdapterRegistry, path: Path) -> None:
+        self._registry = registry
+        self._path = path
+        self._mirrors: set[_Mirror] = set()
+        self._leases: dict[int, AdapterHandle] = {}  # acquired by a mirror, not released yet
+        self._lease_ids = itertools.count(1)
+        self._version = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+        registry.on_change = self.publish
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_unix_server(self._serve, path=str(self._path))
+
+    async def wait_mirrors_gone(self, timeout_s: float) -> None:
+        """Until every mirror has disconnected (they do after their drain), at most `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while self._mirrors and time.monotonic() < deadline:  # noqa: ASYNC110 (a set, no event)
+            await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for mirror in list(self._mirrors):
+            mirror.close()
+            mirror.writer.close()
+
+    async def publish(self) -> None:
+        """Push the current view to every mirror; return once each has taken it."""
+        self._version += 1
+        version, view = self._version, self._registry.view()
+        await asyncio.gather(*(mirror.push(version, view) for mirror in list(self._mirrors)))
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        mirror = _Mirror(writer)
+        self._mirrors.add(mirror)
+        mirror.send(("state", self._version, self._registry.view()))
+        try:
+            while True:
+                self._dispatch(mirror, await _receive(reader))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._mirrors.discard(mirror)
+            mirror.close()
+            writer.close()
+
+    def _dispatch(self, mirror: _Mirror, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "ack":
+            mirror.ack(message[1])
+        elif kind == "release":
+            handle = self._leases.pop(message[1], None)
+            if handle is not None:
+                self._registry.release(handle, message[2])
+        elif kind == "call":
+            task = asyncio.create_task(self._answer(mirror, *message[1:]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _answer(
+        self, mirror: _Mirror, call_id: int, method: str, args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        try:
+            value = await self._run(method, args, kwargs)
+            reply: tuple[Any, ...] = ("reply", call_id, True, value)
+        except GatewayError as exc:
+            reply = ("reply", call_id, False, exc)
+        except Exception:
+            logger.exception("adapter call %s from a worker failed", method)
+            reply = ("reply", call_id, False, EngineError(f"the adapter call {method} failed"))
+        with contextlib.suppress(ConnectionError):
+            mirror.send(reply)
+
+    async def _run(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        registry = self._registry
+        if method == "acquire":
+            handle = await registry.acquire(*args)
+            lease = next(self._lease_ids)
+            self._leases[lease] = handle
+            return lease, handle
+        if method == "view":
+            return registry.view()
+        if method not in _CALLS:
+            raise EngineError(f"unknown adapter call {method}")
+        return await getattr(registry, method)(*args, **kwargs)
+
+
+class OwnerLink:
+    """A mirror's connection to the owner: calls, and the owner's pushed views."""
+
+    def __init__(self, path: Path, show: Callable[[RegistryView], None]) -> None:
+        self._path = path
+        self._show = show
+        self._calls: dict[int, asyncio.Future[tuple[bool, Any]]] = {}
+        self._abandoned: set[int] = set()  # acquires whose caller gave up: release on reply
+        self._ids = itertools.count(1)
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._first_view = asyncio.Event()
+        self._version = -1
+
+    async def connect(self, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        """Connect (the owner may still be starting) and take its first view."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                reader, self._writer = await asyncio.open_unix_connection(str(self._path))
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() > deadline:
+                    raise ServiceUnavailable("the adapter registry's owner did not start") from None
+                await asyncio.sleep(0.1)
+        self._reader_task = asyncio.create_task(self._read(reader))
+        await self._first_view.wait()
+
+    async def close(self) -> None:
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+        if self._writer is not None:
+            self._writer.close()
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        call_id = next(self._ids)
+        reply = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = reply
+        self._send(("call", call_id, method, args, kwargs))
+        try:
+            ok, value = await reply
+        except asyncio.CancelledError:
+            self._calls.pop(call_id, None)
+            if method == "acquire":
+                self._abandoned.add(call_id)
+            raise
+        if not ok:
+            raise value
+        return value
+
+    def release(self, lease: int, generated_tokens: int) -> None:
+        self._send(("release", lease, generated_tokens))
+
+    def _send(self, message: object) -> None:
+        if self._writer is None or self._writer.is_closing():
+            raise ServiceUnavailable("the adapter registry is not reachable")
+        self._writer.write(_frame(message))
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                self._take(await _receive(reader))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            logger.error("the adapter registry's owner went away")
+        finally:
+            gone = ServiceUnavailable("the adapter registry is not reachable")
+            for reply in self._calls.values():
+                if not reply.done():
+                    reply.set_result((False, gone))
+            self._calls.clear()
+
+    def _take(self, message: tuple[Any, ...]) -> None:
+        if message[0] == "state":
+            _, version, view = message
+            if version > self._version:
+                self._version = version
+                self._show(view)
+            self._first_view.set()
+            self._send(("ack", version))
+            return
+        _, call_id, ok, value = message
+        reply = self._calls.pop(call_id, None)
+        if reply is not None and not reply.done():
+            reply.set_result((ok, value))
+        elif call_id in self._abandoned:
+            self._abandoned.discard(call_id)
+            if ok:
+                self.release(value[0], 0)
+
+
+class MirrorRegistry(AdapterRegistry):
+    """The registry of workers 1..N-1: reads from the owner's pushed view, everything that
+    changes adapters or the engine's copy of them done by the owner."""
+
+    def __init__(
+        self, *, engine: Engine, rules: AdapterRules, limits: AdapterLimits,
+        state_file: Path | None = None, link_path: Path,
+    ) -> None:
+        super().__init__(engine=engine, rules=rules, limits=limits, state_file=None)
+        del state_file  # the owner keeps it
+        self.link = OwnerLink(link_path, self.show)
+        self._leases: dict[int, int] = {}  # id(handle) -> the owner's lease
+
+    async def register(  # noqa: PLR0913 - the owner's signature
+        self,
+        name: object,
+        src: object,
+        *,
+        preload: bool = True,
+        pin: bool = False,
+        options: Mapping[str, str] | None = None,
+        alias: str | None = None,
+        origin: str = "api",
+    ) -> AdapterRecord:
+        record: AdapterRecord = await self.link.call(
+            "register", name, src, preload=preload, pin=pin,
+            options=None if options is None else dict(options), alias=alias, origin=origin,
+        )
+        return record
+
+    async def update(
+        self,
+        name: str,
+        *,
+        src: object = None,
+        preload: bool | None = None,
+        pin: bool | None = None,
+        options: Mapping[str, str] | None = None,
+    ) -> AdapterRecord:
+        record: AdapterRecord = await self.link.call(
+            "update", name, src=src, preload=preload, pin=pin,
+            options=None if options is None else dict(options),
+        )
+        return record
+
+    async def unregister(self, name: str) -> AdapterRecord:
+        record: AdapterRecord = await self.link.call("unregister", name)
+        return record
+
+    async def engine_resident(self) -> set[str]:
+        names: set[str] = await self.link.call("engine_resident")
+        return names
+
+    async def acquire(self, name: str) -> AdapterHandle:
+        lease, handle = await self.link.call("acquire", name)
+        self._leases[id(handle)] = lease
+        return handle  # type: ignore[no-any-return]
+
+    def release(self, handle: AdapterHandle, generated_tokens: int = 0) -> None:
+        lease = self._leases.pop(id(handle), None)
+        if lease is not None:
+            with contextlib.suppress(ServiceUnavailable):
+                self.link.release(lease, generated_tokens)
+
+    async def refresh(self) -> None:
+        """The owner's records now, with their numbers and residency (pushes carry names)."""
+        self.show(await self.link.call("view"))
+
+
+def mirror_factory(link_path: Path) -> Callable[..., AdapterRegistry]:
+    """`build_gateway`'s registry maker for a mirror worker."""
+
+    def make(**kwargs: Any) -> AdapterRegistry:
+        return MirrorRegistry(link_path=link_path, **kwargs)
+
+    return make
+
+
+__all__ = ["MirrorRegistry", "OwnerLink", "RegistryOwner", "mirror_factory"]

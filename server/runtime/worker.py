@@ -1,0 +1,105 @@
+"""One front-end process among `ServerConfig.workers` (started by server/runtime/workers.py).
+
+A worker serves every listener on the sockets the supervisor bound, as its own client of the one
+engine core (vLLM's multi-API-server launch), with worker 0 owning the adapter registry and the
+others mirroring it (server/runtime/registry_link.py). What the workers share beyond that lives in
+the supervisor's shared memory: the start barrier (one readiness: every worker turns ready at the
+same moment, after worker 0 registered the start-up adapters) and the MindIE role.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from server.core.adapters import AdapterRegistry
+from server.core.errors import ServiceUnavailable
+from server.core.lifecycle import Lifecycle, Role
+from server.runtime.registry_link import mirror_factory
+
+if TYPE_CHECKING:
+    from server.engines.vllm import ClientPlace
+    from server.settings import Settings
+
+ROLES = tuple(Role)
+START_TIMEOUT_S = 900.0  # every worker started (engine clients, adapters) within this
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Worker:
+    index: int
+    count: int
+    sockets: tuple[socket.socket, ...]  # one per listener, in `plan_listeners` order
+    registry_path: Path  # the owner's Unix socket
+    started: threading.Barrier  # a multiprocessing Barrier of `count` parties
+    role: Any  # a multiprocessing RawValue("i"): index of the role in ROLES
+    engine: ClientPlace | None  # None: the fake engine (one per worker)
+
+    @property
+    def owner(self) -> bool:
+        return self.index == 0
+
+    @property
+    def name(self) -> str:
+        return f"worker-{self.index}"
+
+    def lifecycle(self) -> Lifecycle:
+        return SharedRoleLifecycle(self.role)
+
+    def make_adapters(self) -> Callable[..., AdapterRegistry]:
+        return AdapterRegistry if self.owner else mirror_factory(self.registry_path)
+
+    def tell_supervisor(self) -> None:
+        """A stop was requested here (GET /stopService): the supervisor stops every worker."""
+        os.kill(os.getppid(), signal.SIGUSR1)
+
+    async def all_started(self) -> None:
+        """Return when every worker has started; ServiceUnavailable if one failed to."""
+        try:
+            await asyncio.to_thread(self.started.wait, START_TIMEOUT_S)
+        except threading.BrokenBarrierError:
+            raise ServiceUnavailable("another worker failed to start") from None
+
+
+class SharedRoleLifecycle(Lifecycle):
+    """A lifecycle whose role is the supervisor's shared one: a role set on any worker is
+    every worker's."""
+
+    def __init__(self, shared: Any) -> None:
+        self._shared = shared
+        super().__init__()
+
+    @property
+    def role(self) -> Role:
+        index: int = self._shared.value
+        return ROLES[index]
+
+    @role.setter
+    def role(self, role: Role) -> None:
+        self._shared.value = ROLES.index(role)
+
+
+def run_worker(settings: Settings, worker: Worker) -> None:
+    """The entry point of a spawned worker process."""
+    import uvloop
+
+    from server.engines.factory import create_engine
+    from server.observability.logs import configure_logging
+    from server.runtime.process import serve
+
+    configure_logging(
+        settings.logging.level, json_format=settings.logging.json_format, process=worker.name
+    )
+    logging.getLogger("gateway").info("%s pid %d", worker.name, os.getpid())
+    factory = partial(create_engine, client=worker.engine)
+    sys.exit(uvloop.run(serve(settings, factory, worker=worker)))

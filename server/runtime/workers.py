@@ -1,0 +1,222 @@
+"""The supervisor of `ServerConfig.workers` > 1 front-end processes over one engine core.
+
+It binds the HTTP listeners once (the workers accept on the same sockets; gRPC is bound by each
+worker with SO_REUSEPORT), starts the engine core once through vLLM's own multi-API-server launch
+(`CoreLaunch`, the mechanism behind `vllm serve --api-server-count`) and spawns the workers, each
+with its own client of that core. It holds no request and never generates.
+
+One lifecycle: the workers turn ready together (a start barrier); SIGTERM or SIGINT here, or
+GET /stopService on any worker (which signals SIGUSR1 here), drains every worker (a second
+SIGTERM/SIGINT forces); a worker or an engine process that dies takes the whole server down
+cleanly (the others drain, exit code 1), as vLLM's own API-server manager does: a worker holds
+its engine-core sockets, which a replacement could not take over, and an orchestrator restarts
+the server as a whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from server.core.lifecycle import log_phase
+from server.engines.factory import launch_core
+from server.runtime.grpc_listener import plan_grpc
+from server.runtime.process import plan_listeners, uvicorn_config
+from server.runtime.worker import Worker, run_worker
+from server.settings import Settings
+
+if TYPE_CHECKING:
+    from server.engines.vllm import ClientPlace, CoreLaunch
+
+logger = logging.getLogger("gateway")
+BACKLOG = 2048
+EXIT_GRACE_S = 10.0  # after the drain timeout, how long workers get to exit before SIGKILL
+
+
+async def _refuse(scope: Any, receive: Any, send: Any) -> None:
+    """A placeholder app: the supervisor builds listener configs only to check them."""
+
+
+class Supervisor:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.count = settings.server.workers
+        self._context = multiprocessing.get_context("spawn")
+        self._private = Path(tempfile.mkdtemp(prefix="llm-gateway-"))  # mode 0700
+        self._stops = 0  # SIGTERM/SIGINT received; a second one forces
+        self._stop_asked = False  # any stop (signal or a worker's /stopService)
+        self._relayed = 0  # stop signals relayed to the workers
+        self._failed = False
+        self.workers: list[BaseProcess] = []
+        self._launch: CoreLaunch | None = None
+        self._barrier: Any = None
+        self._reaped: set[int] = set()
+
+    def run(self, started: float) -> int:
+        """Start everything, supervise until stopped, clean up. The process exit code."""
+        sockets = self._bind()
+        log_phase(logger, "listeners", started, "bound for the workers")
+        self._install_signals()
+        # the workers inherit it; prometheus_client reads it when they import it
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self._metrics_dir())  # noqa: TID251
+        try:
+            self._start(sockets)
+        except Exception:
+            logger.exception("the server failed to start")
+            self._failed = True
+            self._stop_asked = True
+        finally:
+            for sock in sockets:
+                sock.close()  # the workers hold their own copies
+        try:
+            self._supervise()
+        finally:
+            self._clean_up()
+        return 1 if self._failed else 0
+
+    # ---- start ---------------------------------------------------------------------------
+    def _bind(self) -> list[socket.socket]:
+        """Check every listener as a single server would (TLS files, bind address), then bind
+        the HTTP listeners here: every worker accepts on the same sockets."""
+        settings = self.settings
+        listeners = plan_listeners(settings)
+        for listener in listeners:
+            uvicorn_config(_refuse, listener, settings)
+        plan_grpc(settings)
+        sockets = []
+        for listener in listeners:
+            family = socket.AF_INET6 if ":" in listener.host else socket.AF_INET
+            sockets.append(
+                socket.create_server(
+                    (listener.host, listener.port), family=family, backlog=BACKLOG
+                )
+            )
+        return sockets
+
+    def _metrics_dir(self) -> Path:
+        path = self._private / "metrics"
+        path.mkdir()
+        return path
+
+    def _start(self, sockets: list[socket.socket]) -> None:
+        since = time.monotonic()
+        self._barrier = self._context.Barrier(self.count)
+        role = self._context.RawValue("i", 0)
+        self._launch = launch_core(self.settings, self.count)
+        if self._launch is None:
+            self._spawn(sockets, role, [None] * self.count)
+        else:
+            with self._launch.start() as places:
+                self._spawn(sockets, role, list(places))
+                self._launch.watch(self.workers)
+            log_phase(logger, "engine start", since, f"engine core for {self.count} workers")
+
+    def _spawn(
+        self, sockets: list[socket.socket], role: Any, places: list[ClientPlace | None]
+    ) -> None:
+        for index, place in enumerate(places):
+            worker = Worker(
+                index=index, count=self.count, sockets=tuple(sockets),
+                registry_path=self._private / "registry.sock", started=self._barrier,
+                role=role, engine=place,
+            )
+            process = self._context.Process(
+                target=run_worker, args=(self.settings, worker), name=worker.name
+            )
+            process.start()
+            self.workers.append(process)
+
+    # ---- signals ---------------------------------------------------------------------------
+    def _install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGUSR1, self._on_worker_stop)
+
+    def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._stops += 1
+        self._stop_asked = True
+        what = "forcing the stop" if self._stops > 1 else "draining every worker"
+        logger.info("%s: %s", signal.Signals(signum).name, what)
+
+    def _on_worker_stop(self, signum: int, frame: FrameType | None) -> None:
+        if not self._stop_asked:
+            logger.info("a worker was asked to stop: draining every worker")
+        self._stop_asked = True
+
+    # ---- supervision -----------------------------------------------------------------------
+    def _supervise(self) -> None:
+        """Until every worker has exited: relay stops, take the server down when a worker
+        or an engine process dies."""
+        engine = self._launch.sentinels() if self._launch else []
+        while any(p.exitcode is None for p in self.workers):
+            self._relay_stops()
+            alive = [p.sentinel for p in self.workers if p.exitcode is None]
+            ready = wait([*alive, *engine], timeout=0.2)
+            self._check_engine(engine, ready)
+            self._reap()
+
+    def _relay_stops(self) -> None:
+        wanted = 0 if not self._stop_asked else max(1, self._stops)
+        if wanted > self._relayed:
+            self._relayed = wanted
+            if self._barrier is not None:
+                self._barrier.abort()  # workers still starting give up (a started one is past it)
+            for process in self.workers:
+                if process.exitcode is None and process.pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(process.pid, signal.SIGTERM)
+
+    def _check_engine(self, engine: list[int], ready: list[Any]) -> None:
+        if engine and any(sentinel in ready for sentinel in engine) and not self._failed:
+            logger.error("an engine process died: stopping the server")
+            self._fail()
+
+    def _reap(self) -> None:
+        from server.observability.metrics import worker_exited
+
+        for process in self.workers:
+            pid = process.pid or 0
+            if process.exitcode is None or pid in self._reaped:
+                continue
+            self._reaped.add(pid)
+            worker_exited(pid, str(self._private / "metrics"))
+            if process.exitcode != 0 or not self._stop_asked:
+                if not self._failed:
+                    logger.error("%s exited (code %s): stopping the server", process.name,
+                                 process.exitcode)
+                self._fail()
+
+    def _fail(self) -> None:
+        self._failed = True
+        self._stop_asked = True
+        self._relay_stops()
+
+    def _clean_up(self) -> None:
+        deadline = time.monotonic() + self.settings.limits.drain_timeout_s + EXIT_GRACE_S
+        for process in self.workers:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.exitcode is None:
+                logger.error("%s did not exit: killing it", process.name)
+                process.kill()
+                process.join()
+        if self._launch is not None:
+            self._launch.shutdown(timeout=EXIT_GRACE_S)
+        shutil.rmtree(self._private, ignore_errors=True)
+        logger.info("stopped")
+
+
+def supervise(settings: Settings, started: float) -> int:
+    """Run `settings.server.workers` front ends over one engine core until stopped."""
+    return Supervisor(settings).run(started)

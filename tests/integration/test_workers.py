@@ -1,0 +1,247 @@
+"""`ServerConfig.workers: 2` on the real engine: two front-end processes, one engine core, one
+adapter registry, one lifecycle; and on the fake engine, what happens when a worker dies.
+
+The real server's engine is pinned to CPU 1 (`VLLM_CPU_OMP_THREADS_BIND`): the session's shared
+server may run beside it (docs/operations.md, replicas on one host). Its last test stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.traffic import (
+    Outcome,
+    async_management_client,
+    complete,
+    launch,
+    management_client,
+)
+from tests.serverproc import DEMO, RunningServer, running_server
+
+PINNED = {"VLLM_CPU_OMP_THREADS_BIND": "1"}
+WORKERS = {
+    "ServerConfig": {"workers": 2},
+    "LimitsConfig": {"maxConcurrentRequests": 128, "maxQueue": 128, "drainTimeout": 120},
+}
+PROMPT = "the two workers share one engine"
+TOKENS = 12
+DRAIN_TOKENS = 300
+WAIT_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with running_server(
+        tmp_path_factory.mktemp("workers"), overrides=WORKERS, environ=PINNED
+    ) as running:
+        yield running
+
+
+def fresh_connections(server: RunningServer) -> httpx.Client:
+    """A client that opens a new connection per request, so requests spread over the workers
+    (each accepted connection lands on whichever worker accepts it first)."""
+    limits = httpx.Limits(max_keepalive_connections=0)
+    return httpx.Client(base_url=server.url, timeout=60, limits=limits)
+
+
+def completion(http: httpx.Client, model: str) -> tuple[str, str]:
+    """(the worker that answered, by its response-id prefix; the greedy text)."""
+    body = {"model": model, "prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0}
+    response = http.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    return answer["id"][:21], answer["choices"][0]["text"]
+
+
+def worker_pids(log: str) -> dict[str, int]:
+    return {name: int(pid) for name, pid in re.findall(r"(worker-\d) pid (\d+)", log)}
+
+
+@pytest.mark.engine
+def test_both_workers_answer_and_turned_ready_together(server: RunningServer) -> None:
+    with fresh_connections(server) as http:
+        answered = Counter(completion(http, "tiny")[0] for _ in range(30))
+    assert len(answered) == 2, answered
+    log = server.log()
+    assert re.search(r"worker-0 \[-\] start-up ready", log)
+    assert re.search(r"worker-1 \[-\] start-up ready", log)
+    assert "engine core for 2 workers" in log
+    assert log.count("Initializing a V1 LLM engine") == 1  # one engine core
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("api", ["djl", "vllm"])
+def test_an_adapter_registered_on_any_worker_is_served_by_both_as_soon_as_it_answers(
+    server: RunningServer, tmp_path: Path, api: str
+) -> None:
+    """100 requests right after the registration answers, spread over both workers, all equal
+    to the same weights registered at start-up (a2, from the adapter folder)."""
+    name = f"copy-{api}"
+    src = DEMO / "test-adapters" / f"workers-{api}"  # inside the test server's adapterRoots
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.copytree(DEMO / "adapters" / "a2", src)
+    try:
+        with fresh_connections(server) as http:
+            expected = completion(http, "a2")[1]
+            assert expected != completion(http, "tiny")[1]
+            _register(server, http, api, name, src)
+            answers = [completion(http, name) for _ in range(100)]
+            _unregister(server, http, api, name)
+            gone = [http.post("/v1/completions", json={"model": name, "prompt": "x"})
+                    for _ in range(20)]
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
+    assert len({worker for worker, _ in answers}) == 2
+    assert [text for _, text in answers] == [expected] * 100
+    assert {r.status_code for r in gone} == {404}
+
+
+def _register(server: RunningServer, http: httpx.Client, api: str, name: str, src: Path) -> None:
+    if api == "djl":
+        with management_client(server, timeout=60) as mgmt:
+            response = mgmt.post("/models/tiny/adapters", params={"name": name, "src": str(src)})
+    else:
+        response = http.post("/v1/load_lora_adapter",
+                             json={"lora_name": name, "lora_path": str(src)})
+    assert response.status_code == 200, response.text
+
+
+def _unregister(server: RunningServer, http: httpx.Client, api: str, name: str) -> None:
+    if api == "djl":
+        with management_client(server, timeout=60) as mgmt:
+            response = mgmt.delete(f"/models/tiny/adapters/{name}")
+    else:
+        response = http.post("/v1/unload_lora_adapter", json={"lora_name": name})
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.engine
+def test_a_role_set_through_one_worker_is_every_workers_role(server: RunningServer) -> None:
+    with management_client(server, timeout=60) as mgmt, fresh_connections(server) as http:
+        assert mgmt.post("/v1/role/decode").status_code == 200
+        try:
+            refused = [http.post("/v1/completions", json={"model": "tiny", "prompt": "x"})
+                       for _ in range(20)]
+        finally:
+            assert mgmt.post("/v1/role/flex").status_code == 200
+        served = [http.post("/v1/completions", json={"model": "tiny", "prompt": "x"})
+                  for _ in range(10)]
+    assert {r.status_code for r in refused} == {503}
+    assert {r.status_code for r in served} == {200}
+
+
+@pytest.mark.engine
+@pytest.mark.anyio
+async def test_a_drain_with_64_requests_in_flight_across_workers_loses_none(
+    server: RunningServer,
+) -> None:
+    """The module's last test: SIGTERM to the supervisor with 64 mixed-protocol requests in
+    flight on both workers; every one completes, the server exits 0."""
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S, limits=limits) as data:
+        first, first_tasks = launch(data, DRAIN_TOKENS)
+        second, second_tasks = launch(data, DRAIN_TOKENS)
+        outcomes: list[Outcome] = first + second
+        await asyncio.wait_for(asyncio.gather(*(o.started.wait() for o in outcomes)), WAIT_S)
+        await _until_inflight(server, 64)
+        server.process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(asyncio.gather(*first_tasks, *second_tasks), WAIT_S)
+    exit_code = await asyncio.to_thread(server.process.wait, WAIT_S)
+    log = server.log()
+    assert len(outcomes) == 64
+    assert [p for p in (complete(o, DRAIN_TOKENS) for o in outcomes) if p] == []
+    assert exit_code == 0, log[-3000:]
+    assert "worker-0 [-] SIGTERM: draining" in log and "worker-1 [-] SIGTERM: draining" in log
+    assert "aborted" not in log
+
+
+async def _until_inflight(server: RunningServer, count: int) -> None:
+    """Until both workers together report `count` requests in flight (each worker's status
+    counts its own, so ask until both have answered)."""
+    deadline = time.monotonic() + WAIT_S
+    async with async_management_client(server, timeout=10,
+                                        limits=httpx.Limits(max_keepalive_connections=0)) as m:
+        while time.monotonic() < deadline:
+            seen: dict[int, int] = {}
+            for _ in range(8):
+                status = (await m.get("/v1/status")).json()
+                seen[status["gateway"]["pid"]] = status["gateway"]["inflight"]
+            if len(seen) == 2 and sum(seen.values()) >= count:
+                return
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"never {count} requests in flight")
+
+
+# ---- a worker dies (fake engine: nothing else about the engine matters here) ------------------
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True,
+                         text=True, check=False).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_a_worker_that_dies_takes_the_server_down_cleanly(tmp_path: Path) -> None:
+    with running_server(tmp_path, engine="fake", overrides=WORKERS) as server:
+        pids = worker_pids(server.log())
+        assert set(pids) == {"worker-0", "worker-1"}
+        assert set(pids.values()) <= set(_children(server.process.pid))
+        os.kill(pids["worker-1"], signal.SIGKILL)
+        code = server.process.wait(60)
+        log = server.log()
+    assert code == 1, log[-3000:]
+    assert "worker-1 exited (code -9): stopping the server" in log
+    assert "worker-0 [-] SIGTERM: draining" in log
+    assert all(not _alive(pid) for pid in pids.values())
+
+
+def test_stop_service_on_any_worker_stops_every_worker(tmp_path: Path) -> None:
+    with running_server(tmp_path, engine="fake", overrides=WORKERS) as server:
+        with management_client(server, timeout=30) as mgmt:
+            assert mgmt.get("/stopService").status_code == 200
+        code = server.process.wait(60)
+        log = server.log()
+    assert code == 0, log[-3000:]
+    assert "a worker was asked to stop: draining every worker" in log
+    assert log.count("[-] draining 0 requests") == 2
+
+
+def test_metrics_count_requests_exactly_across_workers(tmp_path: Path) -> None:
+    with running_server(tmp_path, engine="fake", overrides=WORKERS) as server:
+        before = _counter(server, "gateway_http_requests_total")
+        with fresh_connections(server) as http:
+            answered = Counter(completion(http, "tiny")[0] for _ in range(40))
+        after = _counter(server, "gateway_http_requests_total")
+    assert len(answered) == 2
+    assert after - before == 40
+
+
+def _counter(server: RunningServer, family: str) -> float:
+    """Sum of a family's completions-route samples, scraped on a fresh connection."""
+    text = httpx.get(f"{server.metrics_url}/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(family) and 'endpoint="/v1/completions"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+

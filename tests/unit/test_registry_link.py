@@ -1,0 +1,165 @@
+"""One registry across workers: an owner and mirrors over a real Unix socket (fake engine)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from server.core.adapter_files import AdapterRules
+from server.core.adapters import AdapterLimits, AdapterRegistry
+from server.core.errors import AdapterExists, AdapterInvalid, AdapterNotFound, Overloaded
+from server.engines.fake import FakeEngine
+from server.runtime.registry_link import MirrorRegistry, RegistryOwner
+from tests.unit.demo_kit import SHAPE, write_adapter
+
+pytestmark = pytest.mark.anyio
+
+
+@dataclass
+class Cluster:
+    owner: AdapterRegistry
+    engine: FakeEngine
+    mirrors: list[MirrorRegistry]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    folder = tmp_path / "adapters"
+    for name in ("a1", "a2", "a3"):
+        write_adapter(folder / name)
+    return folder
+
+
+def _rules(root: Path) -> AdapterRules:
+    return AdapterRules(roots=(str(root),), max_rank=8, base_names=frozenset({"tiny"}),
+                        base_shape=SHAPE)
+
+
+def _limits(root: Path, **changes: object) -> AdapterLimits:
+    fields: dict[str, object] = {"enabled": True, "max_loras": 1, "max_cpu_loras": 1,
+                                 "wait_s": 5.0, "settle_s": 0.0,
+                                 "discovery_dirs": (str(root),), "on_demand": True}
+    fields.update(changes)
+    return AdapterLimits(**fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def cluster(root: Path, tmp_path: Path) -> AsyncIterator[Cluster]:
+    engine = FakeEngine(model_name="tiny")
+    owner = AdapterRegistry(engine=engine, rules=_rules(root), limits=_limits(root))
+    path = tmp_path / "registry.sock"
+    server = RegistryOwner(owner, path)
+    await server.start()
+    mirrors = [
+        MirrorRegistry(engine=FakeEngine(model_name="tiny"), rules=_rules(root),
+                       limits=_limits(root), link_path=path)
+        for _ in range(2)
+    ]
+    for mirror in mirrors:
+        await mirror.link.connect(timeout_s=5)
+    yield Cluster(owner, engine, mirrors)
+    for mirror in mirrors:
+        await mirror.link.close()
+    await server.close()
+
+
+async def test_a_registration_on_a_mirror_is_on_every_worker_when_it_answers(
+    cluster: Cluster, root: Path
+) -> None:
+    record = await cluster.mirrors[0].register("n1", str(root / "a1"))
+    assert record.name == "n1"
+    assert "n1" in cluster.owner.names()
+    assert all("n1" in mirror.names() for mirror in cluster.mirrors)
+    assert {h.name for h in cluster.engine.adapters.values()} == {"n1"}  # loaded once
+
+
+async def test_an_unregistration_on_the_owner_is_on_every_mirror_when_it_answers(
+    cluster: Cluster, root: Path
+) -> None:
+    await cluster.owner.register("n1", str(root / "a1"))
+    assert all("n1" in mirror.names() for mirror in cluster.mirrors)
+    await cluster.owner.unregister("n1")
+    assert all("n1" not in mirror for mirror in cluster.mirrors)
+
+
+async def test_errors_keep_their_type_across_the_link(cluster: Cluster, root: Path) -> None:
+    await cluster.owner.register("n1", str(root / "a1"))
+    with pytest.raises(AdapterExists):
+        await cluster.mirrors[0].register("n1", str(root / "a2"))
+    with pytest.raises(AdapterInvalid):
+        await cluster.mirrors[0].register("n2", str(root / "missing"))
+    with pytest.raises(AdapterNotFound):
+        await cluster.mirrors[1].acquire("nothing-here")
+
+
+async def test_a_mirror_request_is_counted_by_the_owner_until_released(
+    cluster: Cluster, root: Path
+) -> None:
+    await cluster.owner.register("n1", str(root / "a1"))
+    handle = await cluster.mirrors[0].acquire("n1")
+    assert handle.int_id == cluster.owner.get("n1").handle.int_id
+    assert cluster.owner.get("n1").inflight == 1
+    cluster.mirrors[0].release(handle, generated_tokens=7)
+    await _until(lambda: cluster.owner.get("n1").inflight == 0)
+    assert cluster.owner.get("n1").generated_tokens == 7
+    await cluster.mirrors[1].refresh()
+    assert cluster.mirrors[1].get("n1").requests == 1  # numbers come from the owner
+
+
+async def test_a_first_request_on_a_mirror_loads_a_dropped_in_folder_once(
+    cluster: Cluster,
+) -> None:
+    handles = await asyncio.gather(*(m.acquire("a2") for m in cluster.mirrors))
+    assert handles[0].int_id == handles[1].int_id
+    assert cluster.owner.get("a2").loads == 1
+    assert all("a2" in mirror.names() for mirror in cluster.mirrors)
+
+
+async def test_an_abandoned_wait_gives_its_place_back(cluster: Cluster, root: Path) -> None:
+    """One engine place: a1 is busy, so a mirror's a2 waits; its caller gives up; the
+    owner's late grant is released, so a2 does not stay counted as in use."""
+    await cluster.owner.register("a1x", str(root / "a1"))
+    busy = await cluster.owner.acquire("a1x")
+    waiting = asyncio.create_task(cluster.mirrors[0].acquire("a2"))
+    await asyncio.sleep(0.2)
+    waiting.cancel()
+    cluster.owner.release(busy)
+    await _until(lambda: "a2" in cluster.owner.names() and cluster.owner.get("a2").resident)
+    await _until(lambda: cluster.owner.get("a2").inflight == 0)
+
+
+async def test_a_full_engine_answers_overloaded_through_the_link(
+    root: Path, tmp_path: Path
+) -> None:
+    owner = AdapterRegistry(engine=FakeEngine(model_name="tiny"), rules=_rules(root),
+                            limits=_limits(root, wait_s=0.1))
+    server = RegistryOwner(owner, tmp_path / "r.sock")
+    await server.start()
+    mirror = MirrorRegistry(engine=FakeEngine(model_name="tiny"), rules=_rules(root),
+                            limits=_limits(root), link_path=tmp_path / "r.sock")
+    await mirror.link.connect(timeout_s=5)
+    held = await owner.acquire("a1")
+    with pytest.raises(Overloaded):
+        await mirror.acquire("a2")
+    owner.release(held)
+    await mirror.link.close()
+    await server.close()
+
+
+async def test_the_owner_waits_for_mirrors_to_leave(cluster: Cluster, tmp_path: Path) -> None:
+    server_gone = RegistryOwner(cluster.owner, tmp_path / "other.sock")
+    await server_gone.start()
+    await server_gone.wait_mirrors_gone(0.05)  # none connected: returns at once
+    await server_gone.close()
+
+
+async def _until(condition: object, timeout_s: float = 5.0) -> None:
+    assert callable(condition)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
