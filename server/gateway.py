@@ -97,7 +97,7 @@ def build_gateway(
     make_adapters: Callable[..., AdapterRegistry] = AdapterRegistry,
 ) -> Gateway:
     """The gateway of this process; `make_adapters` makes its adapter registry (another
-    worker's mirror, server/runtime/registry_link.py, when several processes serve)."""
+    worker's mirror, server/runtime/worker_link.py, when several processes serve)."""
     lifecycle = lifecycle or Lifecycle()
     shutdown = shutdown or Shutdown(lifecycle)
     base_names = _base_names(settings, engine)

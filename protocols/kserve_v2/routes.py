@@ -115,7 +115,7 @@ class KserveApi:
         """MindIE: cancel the running request(s) with this id; 200 echoes the body."""
         self.model(request)
         stop_id, body = stop_infer_id(await read_body(request, self.ctx.max_body_bytes))
-        self.service.cancel(stop_id)
+        await self.service.cancel(stop_id)
         return json_response(body)
 
     # ---- inference ---------------------------------------------------------------------------

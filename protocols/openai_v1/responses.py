@@ -33,6 +33,7 @@ from protocols.openai_v1.translate import (
 )
 from server.core.engine import OutputParser
 from server.core.errors import GatewayError, InvalidRequest, ModelNotFound, Unsupported
+from server.core.peers import Peers
 from server.core.types import (
     ChatMessage,
     ChatPrompt,
@@ -73,12 +74,18 @@ class Stored:
     conversation: tuple[ChatMessage, ...]
 
 
-class ResponseStore:
-    """The last `capacity` stored responses, in memory (a restart forgets them)."""
+PEER_GET = "openai.responses.get"  # another worker asks for a response stored here
 
-    def __init__(self, capacity: int = STORE_CAPACITY) -> None:
+
+class ResponseStore:
+    """The last `capacity` stored responses of this process, in memory (a restart forgets
+    them). With several workers, one stored by another worker is fetched from it (`pull`)."""
+
+    def __init__(self, capacity: int = STORE_CAPACITY, peers: Peers | None = None) -> None:
         self._capacity = capacity
         self._items: OrderedDict[str, Stored] = OrderedDict()
+        self._peers = peers or Peers()
+        self._peers.handle(PEER_GET, self._find)
 
     def get(self, response_id: str) -> Stored:
         stored = self._items.get(response_id)
@@ -87,11 +94,22 @@ class ResponseStore:
         self._items.move_to_end(response_id)
         return stored
 
+    async def pull(self, response_id: str | None) -> None:
+        """Make a response stored by another worker available to `get` here."""
+        if not response_id or response_id in self._items:
+            return
+        found = [s for s in await self._peers.ask(PEER_GET, response_id) if s is not None]
+        if found:
+            self.put(response_id, found[0])
+
     def put(self, response_id: str, stored: Stored) -> None:
         self._items[response_id] = stored
         self._items.move_to_end(response_id)
         while len(self._items) > self._capacity:
             self._items.popitem(last=False)
+
+    async def _find(self, response_id: str) -> Stored | None:
+        return self._items.get(response_id)
 
 
 class ResponseNotFound(ModelNotFound):

@@ -71,7 +71,7 @@ def routes(ctx: ProtocolContext) -> list[Route]:
         out.post(path, sm_complete, claim=has_key("prompt"),
                  doc=Doc(summary="SageMaker / DJL: completion (`prompt`)",
                          body=schema.CompletionRequest, streams=True))
-    store = responses.ResponseStore()
+    store = responses.ResponseStore(peers=ctx.service.peers)
     out.post("/v1/responses", create_response(ctx, store),
              doc=Doc(summary="Responses API", body=schema.ResponsesRequest, streams=True))
     out.get("/v1/responses/{response_id}", retrieve_response(store),
@@ -209,6 +209,7 @@ def create_response(ctx: ProtocolContext, store: responses.ResponseStore) -> End
 
     async def create(request: Request) -> Answer:
         body = await _body(request, ctx, schema.ResponsesRequest)
+        await store.pull(body.previous_response_id)
         info = service.info()
         facts = responses.ServerFacts(
             base_names=service.base_names, served_name=service.served_name, bounds=ctx.bounds,
@@ -241,7 +242,9 @@ def create_response(ctx: ProtocolContext, store: responses.ResponseStore) -> End
 
 def retrieve_response(store: responses.ResponseStore) -> Endpoint:
     async def retrieve(request: Request) -> Answer:
-        return json_response(store.get(request.path_params["response_id"]).response)
+        response_id = request.path_params["response_id"]
+        await store.pull(response_id)
+        return json_response(store.get(response_id).response)
 
     return retrieve
 
@@ -252,7 +255,9 @@ def cancel_response(store: responses.ResponseStore) -> Endpoint:
 
     async def cancel(request: Request) -> Answer:
         await request.body()  # an oversized body is refused (413) before any lookup
-        store.get(request.path_params["response_id"])
+        response_id = request.path_params["response_id"]
+        await store.pull(response_id)
+        store.get(response_id)
         raise errors.CannotCancel("Cannot cancel a synchronous response.", param="response_id")
 
     return cancel

@@ -219,7 +219,7 @@ class AdapterRegistry:
         self._room = asyncio.Event()  # set (then replaced) whenever a cached place may be free
         self._tasks: set[asyncio.Task[None]] = set()
         # awaited after every change of names, sources, pins or refusals, before the change is
-        # answered: how the other worker processes see it (server/runtime/registry_link.py)
+        # answered: how the other worker processes see it (server.runtime.worker_link.py)
         self.on_change: Callable[[], Awaitable[None]] | None = None
 
     # ---- queries ---------------------------------------------------------------------------

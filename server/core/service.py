@@ -31,6 +31,7 @@ from server.core.errors import (
 )
 from server.core.lifecycle import Lifecycle
 from server.core.overhead import on_engine
+from server.core.peers import Peers
 from server.core.stream import EventStream, NullObserver, RequestObserver, Timing
 from server.core.types import (
     AdapterHandle,
@@ -50,6 +51,9 @@ from server.core.types import (
 PromptFit = Callable[[GenerationRequest, Sequence[int]], GenerationRequest]
 
 
+CANCEL = "service.cancel"  # the peer operation of `cancel`
+
+
 class InferenceService:
     def __init__(  # noqa: PLR0913 - the parts it fronts, all built by the assembly
         self,
@@ -62,8 +66,11 @@ class InferenceService:
         aliases: Sequence[str] = (),
         admission: Admission | None = None,
         observer: RequestObserver | None = None,
+        peers: Peers | None = None,
     ) -> None:
         self._engine = engine
+        self.peers = peers or Peers()  # the other workers, for requests that live there
+        self.peers.handle(CANCEL, self._cancel_here)
         self.adapters = adapters
         self.lifecycle = lifecycle
         self.limits = limits
@@ -162,13 +169,19 @@ class InferenceService:
         finally:
             await events.aclose()
 
-    def cancel(self, request_id: str) -> None:
-        """stopInfer: abort every running request with this client-visible id."""
-        streams = self._active.get(request_id)
-        if not streams:
+    async def cancel(self, request_id: str) -> None:
+        """stopInfer: abort every running request with this client-visible id, here or in
+        another worker."""
+        if await self._cancel_here(request_id):
+            return
+        if not any(await self.peers.ask(CANCEL, request_id)):
             raise RequestNotFound(f"RequestId is {request_id} not found.")
-        for stream in list(streams):
+
+    async def _cancel_here(self, request_id: str) -> bool:
+        streams = self._active.get(request_id)
+        for stream in list(streams or ()):
             stream.cancel()
+        return bool(streams)
 
     def abort_all(self, reason: GatewayError) -> int:
         """Drain timeout: end every running request with `reason` (an in-band error) and refuse

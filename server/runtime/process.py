@@ -42,9 +42,9 @@ from server.runtime.limits import (
     check_uvicorn,
     limited_protocol,
 )
-from server.runtime.registry_link import MirrorRegistry, OwnerLink, RegistryOwner
 from server.runtime.tls import build_context, check_bind_address, tls_files
 from server.runtime.worker import Worker
+from server.runtime.worker_link import MirrorRegistry, OwnerLink, RegistryOwner
 from server.settings import Settings
 
 logger = logging.getLogger("gateway")
@@ -225,12 +225,14 @@ async def _join_registry(
     if worker is None:
         return None
     if worker.owner:
-        owner = RegistryOwner(gateway.adapters, worker.registry_path)
+        owner = RegistryOwner(gateway.adapters, worker.registry_path, gateway.service.peers)
         await owner.start()
         return owner
     assert isinstance(gateway.adapters, MirrorRegistry)
-    await gateway.adapters.link.connect()
-    return gateway.adapters.link
+    link = gateway.adapters.link
+    link.serve_peers(gateway.service.peers)
+    await link.connect()
+    return link
 
 
 async def _leave_registry(link: RegistryOwner | OwnerLink | None, timeout_s: float) -> None:

@@ -2,7 +2,7 @@
 
 A worker serves every listener on the sockets the supervisor bound, as its own client of the one
 engine core (vLLM's multi-API-server launch), with worker 0 owning the adapter registry and the
-others mirroring it (server/runtime/registry_link.py). What the workers share beyond that lives in
+others mirroring it (server.runtime.worker_link.py). What the workers share beyond that lives in
 the supervisor's shared memory: the start barrier (one readiness: every worker turns ready at the
 same moment, after worker 0 registered the start-up adapters) and the MindIE role.
 """
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from server.core.adapters import AdapterRegistry
 from server.core.errors import ServiceUnavailable
 from server.core.lifecycle import Lifecycle, Role
-from server.runtime.registry_link import mirror_factory
+from server.runtime.worker_link import mirror_factory
 
 if TYPE_CHECKING:
     from server.engines.vllm import ClientPlace
@@ -52,6 +52,20 @@ class Worker:
     @property
     def name(self) -> str:
         return f"worker-{self.index}"
+
+    def share(self, settings: Settings) -> Settings:
+        """This worker's part of the server-wide limits (connections, admitted and queued
+        requests), so that the configured numbers stay the server's."""
+        limits, server = settings.limits, settings.server
+        return settings.model_copy(update={
+            "limits": limits.model_copy(update={
+                "max_concurrent_requests": _part(limits.max_concurrent_requests, self.count),
+                "max_queue": _part(limits.max_queue, self.count),
+            }),
+            "server": server.model_copy(update={
+                "max_links": _part(server.max_links, self.count),
+            }),
+        })
 
     def lifecycle(self) -> Lifecycle:
         return SharedRoleLifecycle(self.role)
@@ -89,6 +103,11 @@ class SharedRoleLifecycle(Lifecycle):
         self._shared.value = ROLES.index(role)
 
 
+def _part(total: int, count: int) -> int:
+    """`total` split over `count` workers, rounded up (0 stays 0: "none")."""
+    return -(-total // count)
+
+
 def run_worker(settings: Settings, worker: Worker) -> None:
     """The entry point of a spawned worker process."""
     import uvloop
@@ -102,4 +121,4 @@ def run_worker(settings: Settings, worker: Worker) -> None:
     )
     logging.getLogger("gateway").info("%s pid %d", worker.name, os.getpid())
     factory = partial(create_engine, client=worker.engine)
-    sys.exit(uvloop.run(serve(settings, factory, worker=worker)))
+    sys.exit(uvloop.run(serve(worker.share(settings), factory, worker=worker)))

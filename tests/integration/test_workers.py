@@ -206,6 +206,27 @@ def test_a_worker_that_dies_takes_the_server_down_cleanly(tmp_path: Path) -> Non
     assert all(not _alive(pid) for pid in pids.values())
 
 
+@pytest.mark.engine
+def test_an_engine_core_that_dies_takes_every_worker_down(tmp_path: Path) -> None:
+    with running_server(tmp_path, overrides=WORKERS, environ=PINNED) as server:
+        pids = worker_pids(server.log())
+        cores = [pid for pid, name in _named_children(server.process.pid)
+                 if name.startswith("VLLM::EngineCor")]
+        assert len(cores) == 1
+        os.kill(cores[0], signal.SIGKILL)
+        code = server.process.wait(120)
+        log = server.log()
+    assert code == 1, log[-3000:]
+    assert "an engine process died: stopping the server" in log
+    assert all(not _alive(pid) for pid in pids.values())
+
+
+def _named_children(pid: int) -> list[tuple[int, str]]:
+    out = subprocess.run(["ps", "-o", "pid=,comm=", "--ppid", str(pid)], capture_output=True,
+                         text=True, check=False).stdout
+    return [(int(line.split()[0]), line.split()[1]) for line in out.splitlines() if line.strip()]
+
+
 def test_stop_service_on_any_worker_stops_every_worker(tmp_path: Path) -> None:
     with running_server(tmp_path, engine="fake", overrides=WORKERS) as server:
         with management_client(server, timeout=30) as mgmt:

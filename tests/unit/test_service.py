@@ -139,13 +139,13 @@ async def test_cancel_by_request_id_ends_the_stream_with_abort() -> None:
     engine = FakeEngine(FakeScript(hang_after=1))
     service = make_service(engine)
     stream = await service.start(request(rid="stop-me", tokens=100))
-    service.cancel("stop-me")
+    await service.cancel("stop-me")
     events = [event async for event in stream]
     await stream.aclose()
     assert any(isinstance(e, Delta) and e.finish is FinishReason.ABORT for e in events)
     assert engine.running == 0
     with pytest.raises(RequestNotFound):
-        service.cancel("stop-me")
+        await service.cancel("stop-me")
 
 
 async def test_closing_a_stream_early_aborts_the_engine_request() -> None:

@@ -12,8 +12,9 @@ import pytest
 from server.core.adapter_files import AdapterRules
 from server.core.adapters import AdapterLimits, AdapterRegistry
 from server.core.errors import AdapterExists, AdapterInvalid, AdapterNotFound, Overloaded
+from server.core.peers import Peers
 from server.engines.fake import FakeEngine
-from server.runtime.registry_link import MirrorRegistry, RegistryOwner
+from server.runtime.worker_link import MirrorRegistry, RegistryOwner
 from tests.unit.demo_kit import SHAPE, write_adapter
 
 pytestmark = pytest.mark.anyio
@@ -52,7 +53,7 @@ async def cluster(root: Path, tmp_path: Path) -> AsyncIterator[Cluster]:
     engine = FakeEngine(model_name="tiny")
     owner = AdapterRegistry(engine=engine, rules=_rules(root), limits=_limits(root))
     path = tmp_path / "registry.sock"
-    server = RegistryOwner(owner, path)
+    server = RegistryOwner(owner, path, Peers())
     await server.start()
     mirrors = [
         MirrorRegistry(engine=FakeEngine(model_name="tiny"), rules=_rules(root),
@@ -137,7 +138,7 @@ async def test_a_full_engine_answers_overloaded_through_the_link(
 ) -> None:
     owner = AdapterRegistry(engine=FakeEngine(model_name="tiny"), rules=_rules(root),
                             limits=_limits(root, wait_s=0.1))
-    server = RegistryOwner(owner, tmp_path / "r.sock")
+    server = RegistryOwner(owner, tmp_path / "r.sock", Peers())
     await server.start()
     mirror = MirrorRegistry(engine=FakeEngine(model_name="tiny"), rules=_rules(root),
                             limits=_limits(root), link_path=tmp_path / "r.sock")
@@ -151,7 +152,7 @@ async def test_a_full_engine_answers_overloaded_through_the_link(
 
 
 async def test_the_owner_waits_for_mirrors_to_leave(cluster: Cluster, tmp_path: Path) -> None:
-    server_gone = RegistryOwner(cluster.owner, tmp_path / "other.sock")
+    server_gone = RegistryOwner(cluster.owner, tmp_path / "other.sock", Peers())
     await server_gone.start()
     await server_gone.wait_mirrors_gone(0.05)  # none connected: returns at once
     await server_gone.close()
@@ -163,3 +164,45 @@ async def _until(condition: object, timeout_s: float = 5.0) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)
+
+
+async def test_a_peer_operation_runs_on_every_other_worker_not_the_asker(
+    root: Path, tmp_path: Path
+) -> None:
+    ran: list[str] = []
+
+    def peers_named(name: str) -> Peers:
+        async def echo(value: str) -> str:
+            ran.append(name)
+            return f"{name}:{value}"
+
+        peers = Peers()
+        peers.handle("echo", echo)
+        return peers
+
+    owner_peers = peers_named("owner")
+    server = RegistryOwner(
+        AdapterRegistry(engine=FakeEngine(model_name="tiny"), rules=_rules(root),
+                        limits=_limits(root)),
+        tmp_path / "p.sock", owner_peers,
+    )
+    await server.start()
+    mirrors, mirror_peers = [], []
+    for index in range(2):
+        mirror = MirrorRegistry(engine=FakeEngine(model_name="tiny"), rules=_rules(root),
+                                limits=_limits(root), link_path=tmp_path / "p.sock")
+        peers = peers_named(f"mirror-{index}")
+        mirror.link.serve_peers(peers)
+        await mirror.link.connect(timeout_s=5)
+        mirrors.append(mirror)
+        mirror_peers.append(peers)
+    from_mirror = await mirror_peers[0].ask("echo", "x")
+    from_owner = await owner_peers.ask("echo", "y")
+    assert sorted(from_mirror) == ["mirror-1:x", "owner:x"]
+    assert sorted(from_owner) == ["mirror-0:y", "mirror-1:y"]
+    assert await mirror_peers[1].ask("unknown-op") == [None, None]
+    assert await Peers().ask("echo", "z") == []  # one process: nobody to ask
+    assert sorted(ran) == ["mirror-0", "mirror-1", "mirror-1", "owner"]
+    for mirror in mirrors:
+        await mirror.link.close()
+    await server.close()

@@ -1,4 +1,5 @@
-"""One adapter registry across worker processes (`ServerConfig.workers` > 1).
+"""The link between worker processes (`ServerConfig.workers` > 1): one adapter registry, and
+operations one worker asks of the others (`server.core.peers`).
 
 Worker 0 owns the registry: the only one that validates adapters, adds them to and removes them
 from the engine core, counts their requests and decides evictions, so an adapter loads once and
@@ -9,6 +10,9 @@ publish` waits for each mirror's acknowledgement), and they send every managemen
 adapter request's acquire and release to the owner over a Unix socket in the supervisor's private
 directory. Generation itself never goes through this link: each worker is its own client of the
 engine core (vLLM's multi-API-server launch).
+
+Peer operations (a stopInfer or a stored response that belongs to another worker) travel the same
+star: a mirror's `ask` runs in the owner and is relayed by it to every other mirror.
 
 Messages are pickled: both ends are this program, and the socket's directory is the supervisor's
 own (mode 0700).
@@ -36,6 +40,7 @@ from server.core.adapters import (
 )
 from server.core.engine import Engine
 from server.core.errors import EngineError, GatewayError, ServiceUnavailable
+from server.core.peers import Peers
 from server.core.types import AdapterHandle
 
 logger = logging.getLogger("gateway.adapters")
@@ -63,6 +68,27 @@ class _Mirror:
         self.writer = writer
         self.acked = 0
         self._acks: dict[int, asyncio.Future[None]] = {}
+        self._asks: dict[int, asyncio.Future[Any]] = {}
+        self._ask_ids = itertools.count(1)
+
+    async def ask(self, op: str, args: tuple[Any, ...]) -> list[Any]:
+        """The mirror's answer to a peer operation ([] if it is gone or too slow)."""
+        ask_id = next(self._ask_ids)
+        answer = asyncio.get_running_loop().create_future()
+        self._asks[ask_id] = answer
+        try:
+            self.send(("ask", ask_id, op, args))
+            result: list[Any] = await asyncio.wait_for(answer, ACK_TIMEOUT_S)
+        except (TimeoutError, ConnectionError):
+            return []
+        finally:
+            self._asks.pop(ask_id, None)
+        return result
+
+    def answered(self, ask_id: int, value: list[Any]) -> None:
+        answer = self._asks.get(ask_id)
+        if answer is not None and not answer.done():
+            answer.set_result(value)
 
     def send(self, message: object) -> None:
         self.writer.write(_frame(message))
@@ -89,14 +115,18 @@ class _Mirror:
         for waiter in self._acks.values():
             if not waiter.done():
                 waiter.set_result(None)
+        for answer in self._asks.values():
+            if not answer.done():
+                answer.set_result([])
 
 
 class RegistryOwner:
-    """Serves the registry of worker 0 to the mirrors."""
+    """Serves the registry of worker 0 to the mirrors, and relays peer operations."""
 
-    def __init__(self, registry: AdapterRegistry, path: Path) -> None:
+    def __init__(self, registry: AdapterRegistry, path: Path, peers: Peers) -> None:
         self._registry = registry
         self._path = path
+        self._peers = peers
         self._mirrors: set[_Mirror] = set()
         self._leases: dict[int, AdapterHandle] = {}  # acquired by a mirror, not released yet
         self._lease_ids = itertools.count(1)
@@ -104,6 +134,7 @@ class RegistryOwner:
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
         registry.on_change = self.publish
+        peers.remote = self._ask_mirrors
 
     async def start(self) -> None:
         self._server = await asyncio.start_unix_server(self._serve, path=str(self._path))
@@ -127,6 +158,13 @@ class RegistryOwner:
         version, view = self._version, self._registry.view()
         await asyncio.gather(*(mirror.push(version, view) for mirror in list(self._mirrors)))
 
+    async def _ask_mirrors(
+        self, op: str, args: tuple[Any, ...], origin: _Mirror | None = None
+    ) -> list[Any]:
+        mirrors = [m for m in list(self._mirrors) if m is not origin]
+        answers = await asyncio.gather(*(m.ask(op, args) for m in mirrors))
+        return [value for answer in answers for value in answer]
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         mirror = _Mirror(writer)
         self._mirrors.add(mirror)
@@ -145,6 +183,8 @@ class RegistryOwner:
         kind = message[0]
         if kind == "ack":
             mirror.ack(message[1])
+        elif kind == "answer":
+            mirror.answered(message[1], message[2])
         elif kind == "release":
             handle = self._leases.pop(message[1], None)
             if handle is not None:
@@ -159,7 +199,7 @@ class RegistryOwner:
         kwargs: dict[str, Any],
     ) -> None:
         try:
-            value = await self._run(method, args, kwargs)
+            value = await self._run(mirror, method, args, kwargs)
             reply: tuple[Any, ...] = ("reply", call_id, True, value)
         except GatewayError as exc:
             reply = ("reply", call_id, False, exc)
@@ -169,8 +209,14 @@ class RegistryOwner:
         with contextlib.suppress(ConnectionError):
             mirror.send(reply)
 
-    async def _run(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    async def _run(
+        self, mirror: _Mirror, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         registry = self._registry
+        if method == "ask":  # a mirror's peer operation: here, then every other mirror
+            op, op_args = args
+            here = await self._peers.run_here(op, op_args)
+            return [here, *await self._ask_mirrors(op, op_args, origin=mirror)]
         if method == "acquire":
             handle = await registry.acquire(*args)
             lease = next(self._lease_ids)
@@ -189,6 +235,8 @@ class OwnerLink:
     def __init__(self, path: Path, show: Callable[[RegistryView], None]) -> None:
         self._path = path
         self._show = show
+        self._peers = Peers()  # replaced by `serve_peers`
+        self._tasks: set[asyncio.Task[None]] = set()
         self._calls: dict[int, asyncio.Future[tuple[bool, Any]]] = {}
         self._abandoned: set[int] = set()  # acquires whose caller gave up: release on reply
         self._ids = itertools.count(1)
@@ -210,6 +258,16 @@ class OwnerLink:
                 await asyncio.sleep(0.1)
         self._reader_task = asyncio.create_task(self._read(reader))
         await self._first_view.wait()
+
+    def serve_peers(self, peers: Peers) -> None:
+        """Answer the others' peer operations with `peers`, and ask them through the owner."""
+        self._peers = peers
+
+        async def remote(op: str, args: tuple[Any, ...]) -> list[Any]:
+            answers: list[Any] = await self.call("ask", op, args)
+            return answers
+
+        peers.remote = remote
 
     async def close(self) -> None:
         if self._reader_task is not None:
@@ -255,6 +313,11 @@ class OwnerLink:
             self._calls.clear()
 
     def _take(self, message: tuple[Any, ...]) -> None:
+        if message[0] == "ask":
+            task = asyncio.create_task(self._answer(*message[1:]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
         if message[0] == "state":
             _, version, view = message
             if version > self._version:
@@ -271,6 +334,12 @@ class OwnerLink:
             self._abandoned.discard(call_id)
             if ok:
                 self.release(value[0], 0)
+
+
+    async def _answer(self, ask_id: int, op: str, args: tuple[Any, ...]) -> None:
+        value = await self._peers.run_here(op, args)
+        with contextlib.suppress(ServiceUnavailable, ConnectionError):
+            self._send(("answer", ask_id, [value]))
 
 
 class MirrorRegistry(AdapterRegistry):
