@@ -23,7 +23,7 @@ from server.observability.families import Observations, Value
 from server.observability.metrics import worker_exited
 from server.observability.shared import ENV, multiprocess_dir
 from tests.unit.gateway_kit import make_gateway
-from tests.unit.workers_kit import Plan, Ready, worker
+from tests.unit.workers_kit import Plan, Ready, fixed_traffic, one_worker, worker
 
 WAIT_S = 50  # a guard against a hung worker, not a measurement
 
@@ -215,3 +215,32 @@ def test_one_process_keeps_the_plain_families_and_the_default_registry() -> None
     assert type(metrics.generations.labels("tgi")) is Value
     assert type(metrics.ttft.labels("tgi")) is Observations
     assert metrics.registry.get_sample_value("gateway_requests_queued") == 0
+
+
+def gateway_only(parsed: tuple[dict[str, str], Samples]) -> tuple[dict[str, str], Samples]:
+    families, samples = parsed
+    return (
+        {name: kind for name, kind in families.items() if name.startswith("gateway_")},
+        {key: v for key, v in samples.items() if key[0].startswith("gateway_")},
+    )
+
+
+@pytest.mark.anyio
+async def test_one_worker_in_multiprocess_mode_shows_what_one_process_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same fixed observations: the gateway families, types and samples (bucket edges, sums,
+    counts) as one process exposes them."""
+    monkeypatch.setenv(ENV, str(tmp_path))
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    spawned = context.Process(target=one_worker, args=(theirs,), daemon=True)
+    spawned.start()
+    try:
+        assert ours.poll(WAIT_S), "the worker did not answer"
+        shared = ours.recv()
+    finally:
+        spawned.join(WAIT_S)
+    monkeypatch.delenv(ENV)
+    alone = await fixed_traffic(make_gateway())
+    assert gateway_only(parse(shared)) == gateway_only(parse(alone))

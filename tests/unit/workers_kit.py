@@ -12,7 +12,7 @@ from multiprocessing.connection import Connection
 
 from server.core.stream import Timing
 from server.core.types import GenerationRequest, Sampling, TextPrompt, Usage
-from server.gateway import register_startup_adapters
+from server.gateway import Gateway, register_startup_adapters
 from tests.unit.demo_kit import unit_demo
 from tests.unit.gateway_kit import client, make_gateway
 
@@ -92,3 +92,28 @@ async def _serve(conn: Connection, plan: Plan) -> None:
             os._exit(0)
         else:
             return
+
+
+async def fixed_traffic(gateway: Gateway) -> str:
+    """Observations with fixed times (every bucket edge kind), then the /metrics text."""
+    metrics = gateway.metrics
+    for protocol, error in (("tgi", None), ("openai", "generation"), ("weird", None)):
+        metrics.admitted(request(protocol))
+        metrics.first_token(request(protocol), 0.05)
+        metrics.token_gaps(request(protocol), [0.01, 0.2, 3.0, 1000.0])
+        metrics.finished(
+            request(protocol), error_type=error, usage=Usage(prompt_tokens=2, completion_tokens=3),
+            timing=Timing(seconds=1.2, first_token_s=0.05, mean_token_gap_s=0.02),
+        )
+    metrics.admitted(request("mindie"))
+    metrics.rejected(request("tgi"), "unavailable")
+    metrics.rpc("kserve", "ModelInfer", "OK", 0.1)
+    async with client(gateway, "data") as http:
+        await http.get("/v2/health/live")
+        await http.get("/no/such/route")
+    async with client(gateway, "metrics") as http:
+        return (await http.get("/metrics")).text
+
+
+def one_worker(conn: Connection) -> None:
+    conn.send(asyncio.run(fixed_traffic(make_gateway())))
