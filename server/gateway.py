@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import CollectorRegistry
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import Scope
 
@@ -58,7 +58,7 @@ class Gateway:
     metrics: GatewayMetrics
     routes: tuple[Route, ...]  # every route of every listener
     grpc_services: tuple[GrpcService, ...]  # the gRPC listener's services, health last
-    registries: tuple[CollectorRegistry, ...]  # /metrics: the engine's (vllm:) first, then ours
+    registries: tuple[CollectorRegistry, ...]  # /metrics: GatewayMetrics.registries
 
     def app(self, roles: tuple[str, ...]) -> ListenerApp:
         """The app of a listener serving `roles` (one address may serve several)."""
@@ -127,7 +127,7 @@ def build_gateway(
         aliases=settings.model.aliases,
         observer=observer or metrics,
     )
-    registries = (REGISTRY, registry)
+    registries = metrics.registries
     context = protocol_context(settings, service)
     routes = _routes(settings, context, metrics, registries, shutdown)
     return Gateway(

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from server.core.errors import Overloaded
@@ -61,6 +62,12 @@ class Admission:
         self._arrivals = itertools.count()
         self.running = 0  # slots held
         self.waiting = 0  # slots asked for by queued requests
+        self._watch: Callable[[str, int], None] | None = None
+
+    def watch(self, changed: Callable[[str, int], None]) -> None:
+        """Call `changed(key, slots)` after each change to a key's queue, `slots` being what
+        its queue now asks for (metrics shared with other processes; `waiting` is updated)."""
+        self._watch = changed
 
     async def acquire(self, count: int = 1, key: str = "") -> None:
         """Take `count` slots for a request on adapter `key` ("" = the base model), waiting
@@ -73,6 +80,7 @@ class Admission:
         waiter = _Waiter(count, next(self._arrivals))
         self._queues.setdefault(key, deque()).append(waiter)
         self.waiting += count
+        self._changed(key)
         try:
             await asyncio.wait_for(asyncio.shield(waiter.granted), self._limits.queue_timeout_s)
         except BaseException as exc:
@@ -95,6 +103,7 @@ class Admission:
             self.waiting -= head.count
             self.running += head.count
             head.granted.set_result(None)
+            self._changed(key)
 
     def queued(self) -> dict[str, int]:
         """Slots waiting, per key with waiters."""
@@ -106,6 +115,11 @@ class Admission:
         return self.running >= self._limits.max_concurrent and (
             self.waiting >= self._limits.max_queue
         )
+
+    def _changed(self, key: str) -> None:
+        if self._watch is not None:
+            queue = self._queues.get(key)
+            self._watch(key, sum(w.count for w in queue) if queue else 0)
 
     def _next_key(self) -> str | None:
         if not self._queues:
@@ -127,4 +141,5 @@ class Admission:
         if not queue:
             del self._queues[key]
         self.waiting -= waiter.count
+        self._changed(key)
         self.release(0)  # the next head may fit now that this waiter is gone

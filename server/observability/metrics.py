@@ -6,6 +6,13 @@ default registry of this process) followed by the `gateway_*` families of the ga
 Every label comes from a closed set: protocols from the registry's spec names (plus `health`,
 `control`, `metrics`, `other`), endpoints from route templates, error types from the domain
 errors, states and roles from their enums, status codes as numbers.
+
+With several worker processes (server/observability/shared.py) every worker writes its `vllm:`
+and `gateway_*` counters, histograms and live gauges to the shared files and the one answering
+merges them all: in-flight and queued requests are `livesum` gauges (each worker's own, summed;
+an ended worker's dropped), queues kept current by an admission watcher. Read at scrape time
+from the answering worker alone: the lifecycle state and role (one series each, never summed)
+and the adapters (the registry is the whole server's).
 """
 
 from __future__ import annotations
@@ -13,8 +20,9 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -38,10 +46,18 @@ from server.http.context import access_note_var
 from server.http.routes import MANAGEMENT, METRICS, Access, Answer, Doc, Render, Route, RouteList
 from server.observability.families import Counter, Gauge, Histogram, Value
 from server.observability.logs import RequestLog, access_line
+from server.observability.shared import INTERNAL, SharedFiles, live_sums, multiprocess_dir
+from server.observability.shared import worker_exited as worker_exited  # the supervisor's hook
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 BUILT_IN = ("health", "control", "metrics", "other")  # labels of the gateway's own requests
 NAME = "metrics"
+QUEUED = "gateway_requests_queued"
+QUEUED_DOC = "Requests waiting for an admission slot."
+# Internal livesum gauges of multiprocess mode (never exposed): per-adapter queued slots, and
+# the sum and length of each worker's MindIE windows.
+ADAPTER_QUEUED = INTERNAL + "adapter_queued"
+WINDOWS = INTERNAL + "windows"
 
 # vLLM's buckets (vllm/v1/metrics/loggers.py), so the two families can be compared.
 TTFT_BUCKETS = (
@@ -148,6 +164,28 @@ class MovingAverage:
         return len(self._values)
 
 
+class SharedWindow(MovingAverage):
+    """A `MovingAverage` whose sum and length are also live gauges, so that any worker can pool
+    every worker's window."""
+
+    def __init__(self, size: int, total: Value, count: Value) -> None:
+        super().__init__(size)
+        self._total = total
+        self._count = count
+
+    def add(self, value: float) -> None:
+        super().add(value)
+        self._total.value = self._sum
+        self._count.value = len(self._values)
+
+
+@dataclass(frozen=True, slots=True)
+class MindieNumbers:
+    ttft_s: float  # mean over the last `window` requests (of each worker, pooled)
+    tbt_s: float
+    queued: int  # slots waiting for admission (every worker's)
+
+
 class GatewayMetrics:
     """Declares every `gateway_*` metric in `registry` and observes requests and responses.
 
@@ -168,81 +206,153 @@ class GatewayMetrics:
         self.registry = registry
         self.request_log = request_log
         self.access_log = access_log
-        self.ttft_window = MovingAverage(window)
-        self.tbt_window = MovingAverage(window)
+        self.shared_dir = multiprocess_dir()
+        self._live = live
         self._labels = frozenset((*protocols, *BUILT_IN))
         self._error_types = error_types()
         self._responses: dict[tuple[str, str, int], Value] = {}
         self._declare(registry)
-        registry.register(LiveStateCollector(live))
-        registry.register(AdapterCollector(live.adapters, live.admission))
+        self.ttft_window: MovingAverage
+        self.tbt_window: MovingAverage
+        self.registries: tuple[CollectorRegistry, ...]  # /metrics
+        if self.shared_dir is None:
+            self.ttft_window = MovingAverage(window)
+            self.tbt_window = MovingAverage(window)
+            # the engine's families (vllm:, in prometheus_client's default registry), then ours
+            self.registries = (REGISTRY, registry)
+        else:
+            self._share(registry, self.shared_dir, window)
+        registry.register(LiveStateCollector(live, queued=self.shared_dir is None))
+        registry.register(AdapterCollector(live.adapters, live.admission, self.shared_dir))
 
     def label(self, protocol: str) -> str:
         """The closed-set label of a request's protocol."""
         return protocol if protocol in self._labels else "other"
 
     def _declare(self, registry: CollectorRegistry) -> None:
+        """The families; with workers in the shared files (merged at scrape), else in
+        `registry`."""
         proto = ("protocol",)
+        shared = self.shared_dir is not None
         self.http_requests = Counter(
             "gateway_http_requests",
             "HTTP responses by protocol, route template and status.",
             ("protocol", "endpoint", "status"),
+            shared=shared,
         )
         self.grpc_requests = Counter(
             "gateway_grpc_requests",
             "gRPC calls by protocol (or service), method and status code.",
             ("protocol", "method", "code"),
+            shared=shared,
         )
         self.generations = Counter(
             "gateway_generation_requests",
             "Generation requests admitted to the engine.",
             proto,
+            shared=shared,
         )
         self.failures = Counter(
             "gateway_request_failures",
             "Generation requests refused or failed, by error type.",
             ("protocol", "error_type"),
+            shared=shared,
         )
         self.inflight = Gauge(
             "gateway_requests_inflight",
             "Generation requests running in the engine now.",
             proto,
+            shared=shared,
+            mode="livesum",  # each worker's own requests; an ended worker's are gone
         )
         self.prompt_tokens = Counter(
             "gateway_prompt_tokens",
             "Prompt tokens of finished requests.",
             proto,
+            shared=shared,
         )
         self.generation_tokens = Counter(
             "gateway_generation_tokens",
             "Generated tokens of finished requests.",
             proto,
+            shared=shared,
         )
         self.ttft = Histogram(
             "gateway_time_to_first_token_seconds",
             "Admission to the first generated token.",
             proto,
             TTFT_BUCKETS,
+            shared=shared,
         )
         self.itl = Histogram(
             "gateway_inter_token_latency_seconds",
             "Time between two generated tokens.",
             proto,
             ITL_BUCKETS,
+            shared=shared,
         )
         self.e2e = Histogram(
             "gateway_e2e_request_latency_seconds",
             "Admission to the end of the response.",
             proto,
             E2E_BUCKETS,
+            shared=shared,
         )
-        families = (
+        self.families: list[Counter | Gauge | Histogram] = [
             self.http_requests, self.grpc_requests, self.generations, self.failures, self.inflight,
             self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e,
-        )
-        for family in families:
-            registry.register(family)
+        ]
+        if not shared:
+            for family in self.families:
+                registry.register(family)
         self._series = {label: _Series(self, label) for label in sorted(self._labels)}
+
+    def _share(self, registry: CollectorRegistry, path: str, window: int) -> None:
+        """Multiprocess mode: /metrics is every worker's files merged, then the scrape-time
+        collectors; what those read from this process alone today (queued requests, MindIE's
+        windows) goes to live gauges every worker keeps current."""
+        queued = Gauge(QUEUED, QUEUED_DOC, (), shared=True)
+        self._queued = queued.labels()
+        self._adapter_queued = Gauge(
+            ADAPTER_QUEUED, "Slots waiting, per adapter.", ("adapter",), shared=True
+        )
+        self._live.admission.watch(self._queue_changed)
+        windows = Gauge(WINDOWS, "MindIE window sums and lengths.", ("series",), shared=True)
+        self.ttft_window = SharedWindow(
+            window, windows.labels("ttft_sum"), windows.labels("ttft_count")
+        )
+        self.tbt_window = SharedWindow(
+            window, windows.labels("tbt_sum"), windows.labels("tbt_count")
+        )
+        registry.register(SharedFiles(path, [*self.families, queued]))
+        self.registries = (registry,)
+
+    def _queue_changed(self, key: str, slots: int) -> None:
+        """Admission's watcher: the total, and the queue of a key that is (or was) an adapter
+        (an unknown model name gets no series)."""
+        self._queued.value = self._live.admission.waiting
+        series = self._adapter_queued.series.get((key,))
+        if series is None:
+            if key not in self._live.adapters:
+                return
+            series = self._adapter_queued.labels(key)
+        series.value = slots
+
+    def mindie_numbers(self) -> MindieNumbers:
+        """/metrics-json's own numbers: this process's; with workers every live worker's, the
+        windows pooled (the mean of each worker's last `window` requests together)."""
+        if self.shared_dir is None:
+            return MindieNumbers(
+                self.ttft_window.mean, self.tbt_window.mean, self._live.admission.waiting
+            )
+        sums = live_sums(self.shared_dir)
+        windows = sums.get(WINDOWS, {})
+
+        def mean(name: str) -> float:
+            count = windows.get((f"{name}_count",), 0.0)
+            return windows.get((f"{name}_sum",), 0.0) / count if count else 0.0
+
+        return MindieNumbers(mean("ttft"), mean("tbt"), int(sums.get(QUEUED, {}).get((), 0)))
 
     # ---- RequestObserver -----------------------------------------------------------------
     def _of(self, request: GenerationRequest) -> _Series:
@@ -353,10 +463,13 @@ class LiveState:
 
 
 class LiveStateCollector(Collector):
-    """Gauges read at scrape time: nothing to keep in sync."""
+    """Gauges read at scrape time: nothing to keep in sync. With workers, the answering worker's
+    state and role (once, not per worker) and the adapters; `queued` comes from every worker's
+    live gauges instead."""
 
-    def __init__(self, live: LiveState) -> None:
+    def __init__(self, live: LiveState, *, queued: bool = True) -> None:
         self._live = live
+        self._queued = queued
 
     def collect(self) -> Iterable[Metric]:
         lifecycle = self._live.lifecycle
@@ -370,11 +483,8 @@ class LiveStateCollector(Collector):
             role.add_metric([name.value], 1.0 if lifecycle.role is name else 0.0)
         yield state
         yield role
-        yield GaugeMetricFamily(
-            "gateway_requests_queued",
-            "Requests waiting for an admission slot.",
-            value=self._live.admission.waiting,
-        )
+        if self._queued:
+            yield GaugeMetricFamily(QUEUED, QUEUED_DOC, value=self._live.admission.waiting)
         yield GaugeMetricFamily(
             "gateway_adapters_loaded",
             "LoRA adapters registered.",
@@ -385,7 +495,8 @@ class LiveStateCollector(Collector):
 class AdapterCollector(Collector):
     """Per-adapter series read from the registry (and the admission queue) at scrape time. The
     `adapter` label takes only names of registered adapters (the registry's records), never raw
-    request input."""
+    request input. With workers, the queued slots per adapter are every worker's (the internal
+    live gauge), the rest is the registry's."""
 
     _COUNTERS = (
         ("requests", "gateway_adapter_requests", "Generation requests run on the adapter."),
@@ -397,9 +508,12 @@ class AdapterCollector(Collector):
         ("load_failures", "gateway_adapter_load_failures", "Loads the engine refused."),
     )
 
-    def __init__(self, adapters: AdapterRegistry, admission: Admission) -> None:
+    def __init__(
+        self, adapters: AdapterRegistry, admission: Admission, shared_dir: str | None = None
+    ) -> None:
         self._adapters = adapters
         self._admission = admission
+        self._shared_dir = shared_dir
 
     def collect(self) -> Iterable[Metric]:
         snapshots = self._adapters.snapshots()
@@ -416,7 +530,7 @@ class AdapterCollector(Collector):
             "gateway_adapter_requests_queued", "Requests waiting for an admission slot.",
             labels=["adapter"],
         )
-        waiting = self._admission.queued()
+        waiting = self._queued()
         pinned = GaugeMetricFamily("gateway_adapter_pinned", "1 if pinned.", labels=["adapter"])
         residency = GaugeMetricFamily(
             "gateway_adapter_residency",
@@ -435,6 +549,12 @@ class AdapterCollector(Collector):
         yield pinned
         yield residency
         yield _load_histogram(snapshots)
+
+    def _queued(self) -> dict[str, float]:
+        if self._shared_dir is None:
+            return dict(self._admission.queued())
+        shared = live_sums(self._shared_dir).get(ADAPTER_QUEUED, {})
+        return {labels[0]: value for labels, value in shared.items()}
 
 
 def _load_histogram(snapshots: Sequence[AdapterSnapshot]) -> Metric:
@@ -465,13 +585,15 @@ def prometheus_text(registries: Sequence[CollectorRegistry]) -> bytes:
 
 
 def metrics_json(service: InferenceService, metrics: GatewayMetrics, instance: str) -> object:
-    """MindIE's /metrics-json: TTFT and TBT means (integer ms) over the last 1000 requests,
-    waiting and processing requests, free KV blocks; values are strings, `metric` a list."""
+    """MindIE's /metrics-json: TTFT and TBT means (integer ms) over the last 1000 requests (of
+    each worker, pooled), waiting and processing requests, free KV blocks; values are strings,
+    `metric` a list."""
     stats = service.stats()
+    own = metrics.mindie_numbers()
     values = {
-        "TTFT": round(metrics.ttft_window.mean * 1000),
-        "TBT": round(metrics.tbt_window.mean * 1000),
-        "waitingInferRequestNum": stats.waiting + service.admission.waiting,
+        "TTFT": round(own.ttft_s * 1000),
+        "TBT": round(own.tbt_s * 1000),
+        "waitingInferRequestNum": stats.waiting + own.queued,
         "processingInferRequestNum": stats.running,
         "remainBlocks": stats.free_blocks,
     }

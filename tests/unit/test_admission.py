@@ -139,3 +139,22 @@ async def test_a_cancelled_waiter_gives_up_its_turn_and_its_place() -> None:
     assert order == ["h0", "h1"]
     assert (admission.running, admission.waiting) == (0, 0)
 
+
+
+async def test_a_watcher_sees_every_queue_change_with_the_slots_it_asks_for() -> None:
+    """Queued (a batch of 2 counts 2), granted, cancelled: each change reported once, after
+    `waiting` moved."""
+    admission = Admission(Limits(max_concurrent=1))
+    seen: list[tuple[str, int, int]] = []
+    admission.watch(lambda key, slots: seen.append((key, slots, admission.waiting)))
+    await admission.acquire()  # no queue: nothing to report
+    first = asyncio.create_task(admission.acquire(2, "a"))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(admission.acquire(1, "b"))
+    await asyncio.sleep(0)
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    admission.release()
+    await first
+    assert seen == [("a", 2, 2), ("b", 1, 3), ("b", 0, 2), ("a", 0, 0)]
