@@ -573,13 +573,6 @@ def _load_histogram(snapshots: Sequence[AdapterSnapshot]) -> Metric:
     return family
 
 
-def worker_exited(pid: int, metrics_dir: str) -> None:
-    """Forget a worker process's live gauges (multiprocess mode: several workers)."""
-    from prometheus_client import multiprocess
-
-    multiprocess.mark_process_dead(pid, metrics_dir)  # type: ignore[no-untyped-call]
-
-
 def prometheus_text(registries: Sequence[CollectorRegistry]) -> bytes:
     return b"".join(generate_latest(registry) for registry in registries)
 

@@ -191,7 +191,7 @@ class Supervisor:
             if process.exitcode is None or pid in self._reaped:
                 continue
             self._reaped.add(pid)
-            worker_exited(pid, str(self._private / "metrics"))
+            worker_exited(pid)
             if process.exitcode != 0 or not self._stop_asked:
                 if not self._failed:
                     logger.error("%s exited (code %s): stopping the server", process.name,
