@@ -117,7 +117,7 @@ class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
         else:
             names = self._model_names()
         return _proto(
-            self.stats.to_json(names, MODEL_VERSION), service_pb2.ModelStatisticsResponse()
+            await self.stats.to_json(names, MODEL_VERSION), service_pb2.ModelStatisticsResponse()
         )
 
     async def RepositoryIndex(self, request: Any, context: Context) -> Any:

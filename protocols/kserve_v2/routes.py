@@ -94,11 +94,11 @@ class KserveApi:
         return json_response(model_config(self.model(request), self.service.served_name))
 
     async def model_stats(self, request: Request) -> Answer:
-        return json_response(self.stats.to_json([self.model(request).name], MODEL_VERSION))
+        return json_response(await self.stats.to_json([self.model(request).name], MODEL_VERSION))
 
     async def all_stats(self, request: Request) -> Answer:
         names = [self.service.served_name, *self.service.adapters.names()]
-        return json_response(self.stats.to_json(names, MODEL_VERSION))
+        return json_response(await self.stats.to_json(names, MODEL_VERSION))
 
     async def slot_count(self, request: Request) -> Answer:
         """MindIE: slots are engine sequences; busy = admitted requests or engine sequences."""

@@ -123,7 +123,7 @@ class Shutdown:
     `drained`. `force` aborts in-flight requests instead of waiting for them. Idempotent.
     `also` is told of every request (a worker tells its supervisor, which stops every worker)."""
 
-    def __init__(self, lifecycle: Lifecycle, also: Callable[[], None] | None = None) -> None:
+    def __init__(self, lifecycle: Lifecycle, also: Callable[[bool], None] | None = None) -> None:
         self._lifecycle = lifecycle
         self._also = also
         self.requested = asyncio.Event()
@@ -131,8 +131,8 @@ class Shutdown:
         self.drained = asyncio.Event()
 
     def request(self, *, force: bool = False) -> None:
-        if self._also is not None and not self.requested.is_set():
-            self._also()
+        if self._also is not None and not (self.forced if force else self.requested).is_set():
+            self._also(force)
         self._lifecycle.begin_drain()
         if force:
             self.forced.set()

@@ -19,6 +19,7 @@ import contextlib
 import functools
 import json
 import logging
+import multiprocessing
 import re
 import time
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
@@ -168,7 +169,7 @@ async def create(options: VllmEngineOptions, client: ClientPlace | None = None) 
     since = time.monotonic()
     await asyncio.to_thread(_import_vllm)
     since = log_phase(logger, "engine import", since)
-    snapshot = _SchedulerSnapshot()
+    snapshot = _SchedulerSnapshot(client.stats, client.index) if client else _SchedulerSnapshot()
     try:
         llm = _start(options, snapshot, client)
     except Exception as exc:
@@ -221,6 +222,7 @@ class ClientPlace:
     addresses: Mapping[str, Any]
     count: int
     index: int
+    stats: Any  # a multiprocessing RawArray all front ends share (_SchedulerSnapshot)
 
 
 class CoreLaunch:
@@ -258,8 +260,9 @@ class CoreLaunch:
             self.engine_manager, self.coordinator = launch.engine_manager, launch.coordinator
             stats = self.coordinator.get_stats_publish_address() if self.coordinator else None
             count = len(listeners.inputs)
+            shared = multiprocessing.get_context("spawn").RawArray("d", _STATS + count)
             places = [
-                ClientPlace(_client_addresses(inp, out, stats), count, index)
+                ClientPlace(_client_addresses(inp, out, stats), count, index, shared)
                 for index, (inp, out) in enumerate(zip(listeners.inputs, listeners.outputs,
                                                        strict=True))
             ]
@@ -301,19 +304,45 @@ def _client_addresses(inp: Any, out: Any, stats: str | None) -> dict[str, Any]:
 
 
 class _SchedulerSnapshot:
-    """The latest scheduler numbers vLLM reported (updated on the event loop after each step)."""
+    """The latest scheduler numbers vLLM reported (updated on the event loop after each step),
+    and the requests each front end has in the engine. With several front ends `values` is
+    memory they share: vLLM reports scheduler numbers to one front end per step."""
 
-    __slots__ = ("kv_cache_usage", "running", "waiting")
+    __slots__ = ("_mine", "_values")
 
-    def __init__(self) -> None:
-        self.running = 0
-        self.waiting = 0
-        self.kv_cache_usage = 0.0
+    def __init__(self, values: Any = None, index: int = 0) -> None:
+        self._values = values if values is not None else [0.0] * (_STATS + 1)
+        self._mine = _STATS + index  # this front end's count of requests in the engine
+
+    @property
+    def running(self) -> int:
+        return int(self._values[0])
+
+    @property
+    def waiting(self) -> int:
+        return int(self._values[1])
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return float(self._values[2])
 
     def update(self, stats: SchedulerStats) -> None:
-        self.running = stats.num_running_reqs
-        self.waiting = stats.num_waiting_reqs + stats.num_skipped_waiting_reqs
-        self.kv_cache_usage = stats.kv_cache_usage
+        values = self._values
+        values[0] = stats.num_running_reqs
+        values[1] = stats.num_waiting_reqs + stats.num_skipped_waiting_reqs
+        values[2] = stats.kv_cache_usage
+
+    def entered(self, count: int) -> None:
+        self._values[self._mine] += count
+
+    def idle(self) -> bool:
+        """No front end has a request in the engine. The engine reports numbers only after a
+        step; after an abort it goes idle without one, so the last numbers would still count
+        the aborted request."""
+        return sum(self._values[_STATS:]) <= 0
+
+
+_STATS = 3  # running, waiting, KV cache usage; then one count per front end
 
 
 def _snapshot_logger(snapshot: _SchedulerSnapshot) -> type[StatLoggerBase]:
@@ -386,6 +415,7 @@ class VllmEngine:
         lora = self._lora_request(adapter)
         folder = _EventFolder(prompt, request)
         completed = False
+        self._snapshot.entered(1)
         try:
             outputs = self._llm.generate(
                 _engine_input(prompt),
@@ -406,6 +436,7 @@ class VllmEngine:
         finally:
             if not completed:
                 await self.abort(engine_request_id)
+            self._snapshot.entered(-1)
         for event in folder.closing():
             yield event
 
@@ -612,9 +643,7 @@ class VllmEngine:
 
     def stats(self) -> EngineStats:
         total = self._llm.vllm_config.cache_config.num_gpu_blocks or 0
-        if self._llm.get_num_unfinished_requests() == 0:
-            # The engine core reports stats only after a step; after an abort it goes idle
-            # without one, so the last snapshot would still count the aborted request.
+        if self._snapshot.idle():
             return EngineStats(running=0, waiting=0, total_blocks=total, free_blocks=total)
         snap = self._snapshot
         used = min(total, round(snap.kv_cache_usage * total))

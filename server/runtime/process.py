@@ -182,12 +182,10 @@ async def serve(  # noqa: PLR0915 - the start-up sequence, one step per line
     if on_gateway is not None:
         on_gateway(gateway)
     try:
-        link = await _join_registry(gateway, worker)
+        link = await _adapters_at_start(gateway, worker, saved)
     except GatewayError as exc:
         await engine.shutdown()
         return await _failed_start("the adapter registry failed", exc, lifecycle, servers, tasks)
-    if worker is None or worker.owner:
-        await _register_adapters(gateway, saved)
     for holder, listener in zip(holders, listeners, strict=True):
         holder.serve(gateway.app(listener.roles))
     try:
@@ -203,7 +201,7 @@ async def serve(  # noqa: PLR0915 - the start-up sequence, one step per line
     gc.freeze()
     lifecycle.ready()
     log_phase(logger, "ready", phase if started is None else started, "since the process started")
-    background = _background_tasks(gateway, watch_folders=worker is None or worker.owner)
+    background = _background_tasks(gateway, worker)
     await shutdown.requested.wait()
     await drain(gateway)
     for task in background:
@@ -217,16 +215,18 @@ async def serve(  # noqa: PLR0915 - the start-up sequence, one step per line
     return 1 if lifecycle.state is State.FAILED else 0
 
 
-async def _join_registry(
-    gateway: Gateway, worker: Worker | None
+async def _adapters_at_start(
+    gateway: Gateway, worker: Worker | None, saved: list[SavedAdapter]
 ) -> RegistryOwner | OwnerLink | None:
-    """With several workers: the owner serves its registry to the others, a mirror connects to
-    it and takes its names before it answers a request."""
+    """Register the start-up adapters. With several workers the owner does, serving its
+    registry to the others; a mirror connects to it and takes its names instead."""
     if worker is None:
+        await _register_adapters(gateway, saved)
         return None
     if worker.owner:
         owner = RegistryOwner(gateway.adapters, worker.registry_path, gateway.service.peers)
         await owner.start()
+        await _register_adapters(gateway, saved)
         return owner
     assert isinstance(gateway.adapters, MirrorRegistry)
     link = gateway.adapters.link
@@ -319,10 +319,13 @@ async def _start_engine(
     return None
 
 
-def _background_tasks(gateway: Gateway, *, watch_folders: bool) -> list[asyncio.Task[None]]:
-    """The engine watchdog, and adapterDir rescans (LoraConfig.adapterDirRefresh s; 0 = off;
-    only in the registry's owner)."""
+def _background_tasks(gateway: Gateway, worker: Worker | None) -> list[asyncio.Task[None]]:
+    """The engine watchdog, adapterDir rescans (LoraConfig.adapterDirRefresh s; 0 = off; only in
+    the registry's owner) and, in a worker, the watch on its supervisor."""
     tasks = [asyncio.create_task(watch_engine(gateway))]
+    if worker is not None:
+        tasks.append(asyncio.create_task(worker.watch_supervisor(gateway.shutdown.request)))
+    watch_folders = worker is None or worker.owner
     lora = gateway.settings.lora
     interval = lora.adapter_dir_refresh_s
     if watch_folders and lora.enabled and interval > 0 and gateway.adapters.limits.discovery_dirs:

@@ -73,9 +73,18 @@ class Worker:
     def make_adapters(self) -> Callable[..., AdapterRegistry]:
         return AdapterRegistry if self.owner else mirror_factory(self.registry_path)
 
-    def tell_supervisor(self) -> None:
-        """A stop was requested here (GET /stopService): the supervisor stops every worker."""
-        os.kill(os.getppid(), signal.SIGUSR1)
+    def tell_supervisor(self, force: bool) -> None:
+        """A stop was requested here (GET /stopService, `?mode=Force`): the supervisor stops
+        every worker the same way."""
+        os.kill(os.getppid(), signal.SIGUSR2 if force else signal.SIGUSR1)
+
+    async def watch_supervisor(self, stop: Callable[[], None]) -> None:
+        """Stop if the supervisor is gone (killed): a worker never serves on its own."""
+        parent = os.getppid()
+        while os.getppid() == parent:  # noqa: ASYNC110 (no event tells a parent's death)
+            await asyncio.sleep(1.0)
+        logging.getLogger("gateway").error("the supervisor is gone: stopping")
+        stop()
 
     async def all_started(self) -> None:
         """Return when every worker has started; ServiceUnavailable if one failed to."""

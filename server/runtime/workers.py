@@ -143,6 +143,7 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
         signal.signal(signal.SIGUSR1, self._on_worker_stop)
+        signal.signal(signal.SIGUSR2, self._on_worker_stop)
 
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stops += 1
@@ -151,7 +152,11 @@ class Supervisor:
         logger.info("%s: %s", signal.Signals(signum).name, what)
 
     def _on_worker_stop(self, signum: int, frame: FrameType | None) -> None:
-        if not self._stop_asked:
+        """SIGUSR1: a worker was asked to stop (/stopService); SIGUSR2: to stop at once."""
+        if signum == signal.SIGUSR2:
+            logger.info("a worker was asked to stop at once: forcing every worker")
+            self._stops = max(self._stops, 2)
+        elif not self._stop_asked:
             logger.info("a worker was asked to stop: draining every worker")
         self._stop_asked = True
 

@@ -238,6 +238,19 @@ def test_stop_service_on_any_worker_stops_every_worker(tmp_path: Path) -> None:
     assert log.count("[-] draining 0 requests") == 2
 
 
+def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path) -> None:
+    with running_server(tmp_path, engine="fake", overrides=WORKERS) as server:
+        pids = worker_pids(server.log())
+        server.process.kill()
+        server.process.wait(10)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        log = server.log()
+    assert not any(_alive(pid) for pid in pids.values())
+    assert log.count("the supervisor is gone: stopping") == 2
+
+
 def test_metrics_count_requests_exactly_across_workers(tmp_path: Path) -> None:
     with running_server(tmp_path, engine="fake", overrides=WORKERS) as server:
         before = _counter(server, "gateway_http_requests_total")

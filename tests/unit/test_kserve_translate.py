@@ -752,7 +752,8 @@ def test_bad_stop_infer_bodies_are_mindies_422_with_its_messages(raw: bytes, mes
     assert json.loads(response.body) == {"error": message, "error_type": "Input Validation Error"}
 
 
-def test_stats_book_phases_and_failures() -> None:
+@pytest.mark.anyio
+async def test_stats_book_phases_and_failures() -> None:
     ticks = iter(range(0, 1000, 10))
     stats = InferenceStats(clock=lambda: next(ticks), wall=lambda: 12.5)
     timer = stats.timer("m")
@@ -761,12 +762,39 @@ def test_stats_book_phases_and_failures() -> None:
     timer.success()
     timer.success()  # booked once
     stats.timer("m").failure()
-    entry = stats.to_json(["m", "other"], "1")["model_stats"][0]
+    entry = (await stats.to_json(["m", "other"], "1"))["model_stats"][0]
     assert entry["inference_count"] == entry["execution_count"] == 1
     assert entry["last_inference"] == 12500
     inference = entry["inference_stats"]
     assert inference["success"] == {"count": 1, "ns": 40}
     assert inference["compute_input"] == inference["queue"] == {"count": 1, "ns": 10}
     assert inference["fail"] == {"count": 1, "ns": 10}
-    other = stats.to_json(["other"], "1")["model_stats"][0]
+    other = (await stats.to_json(["other"], "1"))["model_stats"][0]
     assert other["inference_count"] == 0 and other["inference_stats"]["success"]["count"] == 0
+
+
+@pytest.mark.anyio
+async def test_stats_sum_every_workers_numbers() -> None:
+    """Two workers' statistics (as peers answer them): one answer with both workers' counts."""
+    from server.core.peers import Peers
+
+    ticks = iter(range(0, 10_000, 10))
+    here, there = Peers(), Peers()
+    mine = InferenceStats(clock=lambda: next(ticks), wall=lambda: 1.0, peers=here)
+    theirs = InferenceStats(clock=lambda: next(ticks), wall=lambda: 2.0, peers=there)
+
+    async def ask_the_other(op: str, args: tuple[object, ...]) -> list[object]:
+        return [await there.run_here(op, args)]
+
+    here.remote = ask_the_other
+    mine.timer("m").failure()
+    for stats in (mine, theirs, theirs):
+        timer = stats.timer("m")
+        for _ in range(3):
+            timer.mark()
+        timer.success()
+    entry = (await mine.to_json(["m"], "1"))["model_stats"][0]
+    assert entry["inference_count"] == 3
+    assert entry["inference_stats"]["success"]["count"] == 3
+    assert entry["inference_stats"]["fail"]["count"] == 1
+    assert entry["last_inference"] == 2000
