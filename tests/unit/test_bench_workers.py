@@ -1,11 +1,17 @@
 """The benchmark's scenario W: vLLM's multi-API-server command line, the engine environment
-without runtime LoRA updates, server processes told apart by role."""
+without runtime LoRA updates, server processes told apart by role, and the report's figures
+(the scaling factor split into cores and work per core, the busiest worker, rounds paired)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bench.record import process_role
+from bench.report import Results, busiest_share, scaling_terms, w_section, wb_figures
 from bench.servers import EngineSettings, vllm_command
 
 
@@ -47,3 +53,92 @@ def test_the_environment_without_runtime_lora_updates_differs_in_that_variable_o
 )  # fmt: skip
 def test_server_processes_are_told_apart_by_name(comm: str, cmdline: str, role: str) -> None:
     assert process_role(comm, cmdline) == role
+
+
+def test_the_factor_is_the_cores_term_times_the_per_core_term() -> None:
+    terms = scaling_terms(1000.0, 1.0, 1500.0, 1.8)
+    assert terms is not None
+    assert terms["factor"] == pytest.approx(1.5)
+    assert terms["cores"] == pytest.approx(1.8)
+    assert terms["per_core"] == pytest.approx(1.5 / 1.8)
+    assert terms["cores"] * terms["per_core"] == pytest.approx(terms["factor"])
+    assert scaling_terms(None, 1.0, 1500.0, 1.8) is None
+    assert scaling_terms(1000.0, 0.0, 1500.0, 1.8) is None
+
+
+def _process(cpu_s: float, role: str = "front", root: bool = False) -> dict[str, Any]:
+    return {"pid": 1, "role": role, "comm": "python", "root": root, "cpu_s": cpu_s}
+
+
+def test_the_busiest_worker_leaves_out_the_supervisor_the_engine_and_helpers() -> None:
+    processes = [
+        _process(0.01, root=True), _process(0.0, "helper"), _process(3.0, "engine"),
+        _process(0.6), _process(0.4),
+    ]  # fmt: skip
+    assert busiest_share(processes) == pytest.approx(0.6)
+    assert busiest_share([_process(0.9, root=True)]) is None
+    assert busiest_share(None) is None
+
+
+def _wb_window(
+    ident: int, arm: str, rnd: int, rate: float, cores: float, **extra: Any
+) -> dict[str, Any]:
+    processes = [_process(0.0, root=True)]
+    processes += [_process(cores / 2), _process(cores / 2)] if arm == "workers2" else []
+    return {
+        "id": ident, "scenario": "WB", "arm": arm, "label": "openai-chat-whole",
+        "session": f"WB-{arm}-r{rnd}", "tags": {"round": rnd},
+        "workload": {"stream": False, "duration_s": 2, "warmup_s": 1, "concurrency": 32},
+        "duration_s": 2.0, "server_cpu_share": cores, "server_cpu_s": 2 * cores,
+        "client_cpu_share": 0.2, "machine_busy_s": 3.8, "engine_cpu_s": 0.0,
+        "others_cpu_share": extra.pop("others", 0.1), "server_processes": processes,
+        "summary": {"req_per_s": rate, "completed": int(2 * rate), "flagged": False, **extra},
+    }  # fmt: skip
+
+
+def _run(tmp_path: Path, windows: list[dict[str, Any]]) -> Results:
+    meta = {
+        "run": "t", "started": "now", "commit": "0" * 40,
+        "machine": {"cores": 2, "loadavg_at_start": [0.0, 0.0, 0.0]}, "settings": {},
+    }  # fmt: skip
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    (tmp_path / "windows.jsonl").write_text("".join(json.dumps(w) + "\n" for w in windows))
+    return Results(tmp_path)
+
+
+def test_rounds_are_paired_and_a_flagged_run_leaves_its_round_out(tmp_path: Path) -> None:
+    windows = [
+        _wb_window(0, "workers1", 0, 10_000.0, 1.0),
+        _wb_window(1, "workers2", 0, 12_000.0, 1.6),
+        _wb_window(2, "workers2", 1, 16_000.0, 1.8),  # the second arm goes first in round 1
+        _wb_window(3, "workers1", 1, 10_000.0, 1.0, others=0.5),
+        _wb_window(4, "workers1", 2, 9_000.0, 1.0),
+        _wb_window(5, "workers2", 2, 99_000.0, 1.8, flagged=True),
+    ]
+    figures = wb_figures(_run(tmp_path, windows))
+    assert figures["arms"] == ("workers1", "workers2")
+    entry = figures["routes"]["openai-chat-whole"]
+    assert entry["rounds"] == 2
+    assert entry["factor"] == pytest.approx((1.2 + 1.6) / 2)
+    assert entry["factor_spread"] == pytest.approx((1.2, 1.6))
+    assert entry["cores"] == pytest.approx((1.6 + 1.8) / 2)
+    assert entry["quiet_rounds"] == 1  # round 1's workers-1 window was disturbed
+    assert entry["quiet_factor"] == pytest.approx(1.2)
+    assert len(entry["flagged"]) == 1
+    assert entry["workers1"]["cost_us"] == pytest.approx(100.0)  # 1 core / 10,000 req/s
+    assert entry["workers2"]["busiest"] == pytest.approx(0.5)
+
+
+def test_the_section_is_absent_without_w_windows_and_says_what_is_extrapolation(
+    tmp_path: Path,
+) -> None:
+    assert w_section(_run(tmp_path, [])) == ""
+    windows = [
+        _wb_window(0, "workers1", 0, 10_000.0, 1.0),
+        _wb_window(1, "workers2", 0, 15_000.0, 1.7),
+    ]
+    text = w_section(_run(tmp_path, windows))
+    assert "### W-B." in text and "### W-A." not in text
+    assert "**1.50**" in text
+    assert "extrapolation" in text and "not measured" in text
+    assert "≈ 10,000 requests/s per front-end core" in text
