@@ -52,7 +52,7 @@ def machine() -> dict[str, Any]:
             cpu = line.split(":", 1)[1].strip()
             break
     mem_kib = int(Path("/proc/meminfo").read_text().split()[1])
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             versions[name] = metadata.version(name)

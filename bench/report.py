@@ -445,7 +445,7 @@ def _others(windows: list[Row]) -> str:
 
 
 def memory(results: Results) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for arm in ("vllm", "gateway"):
         sessions = [s for s in results.sessions if s["scenario"] == "A" and s["arm"] == arm]
         out[arm] = {

@@ -714,8 +714,8 @@ def _start_b(variant: str, options: dict[str, bool], run: Run, rnd: int, capture
     tls = options["tls"]
     if variant.startswith("bare"):
         return start_bare(name, run.logs, capture, tls=tls, cpus={0})
-    variant = () if options["metrics"] else ("--no-metrics",)
-    return start_gateway(name, run.logs, engine="fake", tls=tls, variant=variant, cpus={0})
+    switches = () if options["metrics"] else ("--no-metrics",)
+    return start_gateway(name, run.logs, engine="fake", tls=tls, variant=switches, cpus={0})
 
 
 def _b_workload(protocol: str, stream: bool, prompts: tuple[str, ...], plan: Plan) -> Workload:
