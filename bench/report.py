@@ -1432,6 +1432,8 @@ W_ROUTES = ("openai-chat-whole", "tgi-whole", "openai-chat-stream")
 WA_METRICS = ("requests/s", "TTFT median (ms)", "TTFT p99 (ms)", "E2E latency median (ms)")
 SATURATED = 0.95  # share of the machine's cores busy from which it counts as saturated
 ONE_CORE = 0.9  # cores from which one front-end process counts as saturated
+BALANCED = 0.75  # busiest worker's share of the workers' CPU up to which they shared the load
+ONE_WORKER = 0.9  # ... from which one worker served (nearly) everything
 
 
 def scaling_terms(
@@ -1516,11 +1518,21 @@ def wb_figures(results: Results) -> dict[str, Any]:
             for k, t in terms.items()
             if t is not None and _quiet(one[k]) and _quiet(many[k])
         ]
+        per_round = [
+            {"round": k, **t, "busiest": busiest_share(many[k].get("server_processes"))}
+            for k, t in terms.items()
+            if t is not None
+        ]
+        balanced = [r for r in per_round if (r["busiest"] or 1.0) <= BALANCED]
         entry: dict[str, Any] = {
             "stream": stream,
             "rounds": len(found),
             "quiet_factor": median(quiet),
             "quiet_rounds": len(quiet),
+            "per_round": per_round,
+            "balanced_factor": median(r["factor"] for r in balanced),
+            "balanced_per_core": median(r["per_core"] for r in balanced),
+            "balanced_rounds": len(balanced),
             "flagged": [w for w in every if w["summary"].get("flagged")],
         }
         for key in ("factor", "cores", "per_core"):
@@ -1595,6 +1607,7 @@ def wa_figures(results: Results) -> dict[str, Any]:
                 "machine": median(_share(w, "machine_busy_s") for w in windows),
                 "req_per_s": median(values(windows, "req_per_s")),
                 "tokens": median(values(windows, "tokens_mean")),
+                "busiest": median(busiest_share(w.get("server_processes")) for w in windows),
             }
         out[label] = entry
     return out
@@ -1724,6 +1737,15 @@ def _wa_text(results: Results, wa: dict[str, Any]) -> str:
              "per-pair ratio: median (min–max)"], rows))  # fmt: skip
         parts.append("")
     parts.append(_a_cpu(results, list(wa), "WA", "front-end processes (sum)"))
+    spread_text = "; ".join(
+        f"{label}: gateway {fmt(e['gateway']['busiest'], 2)}, vLLM {fmt(e['vllm']['busiest'], 2)}"
+        for label, e in wa.items()
+    )
+    parts.append(
+        "How the load spread over the front-end processes: the busiest one's share of their "
+        f"CPU (0.50 = even), medians — {spread_text}. The Python load generator opens its "
+        "connections at the start of each window, as wrk does.\n"
+    )
     single = {
         label: a_comparison(results, label) for label in wa if results.select("A", label=label)
     }
@@ -1771,6 +1793,12 @@ def _w_meaning(results: Results, wb: dict[str, Any], wa: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _rounds_text(entry: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{fmt_ratio(r['factor'])} ({fmt(r['busiest'], 2)})" for r in entry["per_round"]
+    )
+
+
 def _wb_meaning(wb: dict[str, Any], cores: int) -> str:
     one, many = wb["arms"]
     n = many.removeprefix("workers")
@@ -1786,14 +1814,25 @@ def _wb_meaning(wb: dict[str, Any], cores: int) -> str:
             f"{fmt(b['machine'], 2)} (wrk {fmt(b['wrk'], 2)}, other processes "
             f"{fmt(b['others'], 2)}){': saturated' if saturated else ''}. Factor "
             f"{fmt_ratio(e['factor'])} = {fmt_ratio(e['cores'])} (cores) × "
-            f"{fmt_ratio(e['per_core'])} (per core)."
+            f"{fmt_ratio(e['per_core'])} (per core). Per round, factor (busiest worker's "
+            f"share): {_rounds_text(e)}."
         )
     single = max((e[one]["cores"] or 0.0 for e in routes.values()), default=0.0)
     supervisor = max((e[many]["supervisor"] or 0.0 for e in routes.values()), default=0.0)
     saturated = [
         label for label, e in routes.items() if (e[many]["machine"] or 0.0) >= SATURATED * cores
     ]
-    per_core = _range([e["per_core"] for e in routes.values()])
+    shared = [r["per_core"] for e in routes.values() for r in e["per_round"]
+              if (r["busiest"] or 1.0) <= BALANCED]  # fmt: skip
+    per_core = (
+        f"The per-core term in the windows where both workers served ({_range(shared)}; below 1 "
+        "= each worker served less per core than the single process) is what splitting cost "
+        "here: worker processes time-sharing the cores with wrk and each other (context "
+        "switches, colder caches). "
+        if shared
+        else "No window had both workers serving, so the per-core term only compares one busy "
+        "process with another. "
+    )
     text = [
         f"**On {cores} cores (measured).** A front-end process is one event loop and uses about "
         f"one core at most (workers 1 reached {fmt(single, 2)}). With the fake engine inside each "
@@ -1813,14 +1852,41 @@ def _wb_meaning(wb: dict[str, Any], cores: int) -> str:
             else ""
         )
         + "A factor near 1 is what 2 cores allow when the load generator and other processes "
-        "take most of the second core; a factor above 1 is the part of the second core the "
-        f"single process left idle. The per-core term ({per_core}; below 1 = each worker served "
-        "less per core than the single process) is what splitting cost here: worker processes "
-        "time-sharing the cores with wrk and each other (context switches, colder caches), "
-        "connections spread unevenly over the workers (busiest worker's share above); the "
-        f"supervisor used at most {fmt(supervisor, 2)} cores.\n",
+        "take most of the second core, or when one worker gets all the connections (below); "
+        "a factor above 1 is the part of the second core the single process left idle. "
+        + per_core
+        + f"The supervisor used at most {fmt(supervisor, 2)} cores.\n",
+        _imbalance_text(wb),
     ]
-    return "\n".join(text)
+    return "\n".join(t for t in text if t is not None)
+
+
+def _imbalance_text(wb: dict[str, Any]) -> str | None:
+    """How the connections spread over the workers, from each window's busiest worker."""
+    rounds = [r for e in wb["routes"].values() for r in e["per_round"]]
+    lopsided = [r for r in rounds if (r["busiest"] or 0.0) >= ONE_WORKER]
+    balanced = [r["factor"] for r in rounds if (r["busiest"] or 1.0) <= BALANCED]
+    if not lopsided:
+        return (
+            f"The workers shared the load in every window (busiest worker's share at most "
+            f"{fmt(max((r['busiest'] or 0.0 for r in rounds), default=None), 2)}).\n"
+        )
+    return (
+        f"**One worker took all the connections in {len(lopsided)} of {len(rounds)} windows** "
+        f"(busiest worker ≥ {ONE_WORKER:.0%} of the workers' CPU, the other idle), with factors "
+        f"{_range([r['factor'] for r in lopsided])}; in the {len(balanced)} windows where both "
+        f"workers served (busiest ≤ {BALANCED:.0%}) the factor was "
+        f"{_range(balanced) if balanced else '–'}. The workers accept on one shared listening "
+        "socket with uvicorn's standard server, whose event loop accepts every connection "
+        "waiting when it wakes; wrk opens its connections in one burst and keeps them for the "
+        "window, so the worker woken first takes all or nearly all of them and nothing "
+        "rebalances. vLLM 0.32's own API servers share one socket too, but each accepts only "
+        "while it has the fewest open connections (a shared array of counts, "
+        "`vllm/entrypoints/launchers/launcher.py`), which spreads such a burst. With a few "
+        "long-lived connections (a proxy's keep-alive pool, a load generator) the gateway's "
+        "extra workers can therefore stay idle on any machine; many short-lived client "
+        "connections spread better.\n"
+    )
 
 
 def _w_larger(wb: dict[str, Any], wa: dict[str, Any], cores: int) -> str:
@@ -1828,22 +1894,27 @@ def _w_larger(wb: dict[str, Any], wa: dict[str, Any], cores: int) -> str:
     if wb:
         one, many = wb["arms"]
         n = int(many.removeprefix("workers"))
-        per_core = [e["per_core"] for e in wb["routes"].values() if e["per_core"] is not None]
+        per_core = [
+            r["per_core"] for e in wb["routes"].values() for r in e["per_round"]
+            if (r["busiest"] or 1.0) <= BALANCED
+        ]  # fmt: skip
         whole = wb["routes"].get("openai-chat-whole", {}).get(one, {})
         stream = wb["routes"].get("openai-chat-stream", {}).get(one, {})
         guess = (
-            f"{n} × the per-core term ({_range([n * p for p in per_core], 1)} on these routes, "
-            f"at most {n})"
+            f"{n} × the per-core term of the windows where both workers served "
+            f"({_range([n * p for p in per_core], 1)}, at most {n})"
             if per_core
-            else f"at most {n}"
+            else f"at most {n} (no window here had both workers serving, so no per-core term)"
         )
         text.append(
             "**On a larger machine (extrapolation from these figures, not measured).** A worker "
             "adds throughput only with a core of its own: with N workers on N free cores (the "
             "load generator and the engine on others), the cores term approaches N and the "
-            f"factor ≈ N × the per-core term; for N = {n}, ≈ {guess}. The per-core term measured "
-            "here includes time-sharing 2 cores with wrk, so it is a pessimistic guess for idle "
-            "cores, not a promise. One front-end process's ceiling follows from its CPU per unit "
+            f"factor ≈ N × the per-core term; for N = {n}, ≈ {guess}, provided the connections "
+            "spread over the workers (see above: as accepted today, they may not). The per-core "
+            "term measured here includes time-sharing 2 cores with wrk, so it is a pessimistic "
+            "guess for idle cores, not a promise. One front-end process's ceiling follows from "
+            "its CPU per unit "
             f"(workers 1, fake engine): {fmt(whole.get('cost_us'), 1)} µs per non-streamed "
             f"OpenAI chat request → ≈ {fmt(_inverse(whole.get('cost_us'), 1e6), 0)} requests/s "
             f"per front-end core; {fmt(stream.get('cost_us'), 1)} µs per streamed event → ≈ "

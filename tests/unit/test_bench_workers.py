@@ -127,6 +127,22 @@ def test_rounds_are_paired_and_a_flagged_run_leaves_its_round_out(tmp_path: Path
     assert len(entry["flagged"]) == 1
     assert entry["workers1"]["cost_us"] == pytest.approx(100.0)  # 1 core / 10,000 req/s
     assert entry["workers2"]["busiest"] == pytest.approx(0.5)
+    assert [r["round"] for r in entry["per_round"]] == [0, 1]
+    assert entry["balanced_rounds"] == 2
+
+
+def test_a_window_where_one_worker_did_everything_is_called_so(tmp_path: Path) -> None:
+    lopsided = _wb_window(1, "workers2", 0, 10_000.0, 1.0)
+    lopsided["server_processes"][1]["cpu_s"] = 2.0  # all of it
+    lopsided["server_processes"][2]["cpu_s"] = 0.0
+    windows = [_wb_window(0, "workers1", 0, 10_000.0, 1.0), lopsided]
+    figures = wb_figures(_run(tmp_path, windows))
+    entry = figures["routes"]["openai-chat-whole"]
+    assert entry["per_round"][0]["busiest"] == pytest.approx(1.0)
+    assert entry["balanced_rounds"] == 0
+    text = w_section(_run(tmp_path, windows))
+    assert "One worker took all the connections in 1 of 1 windows" in text
+    assert "no window here had both workers serving" in text
 
 
 def test_the_section_is_absent_without_w_windows_and_says_what_is_extrapolation(
