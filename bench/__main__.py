@@ -1,7 +1,7 @@
 """`python -m bench …`: the load generator and the benchmark scenarios.
 
-  python -m bench all [--quick]            every scenario (A, B, C, D, G), then the report
-  python -m bench a|b|c|d|g [--quick]      one scenario (appends to --run, default a new run)
+  python -m bench all [--quick]            every scenario (A, B, C, D, G, W), then the report
+  python -m bench a|b|c|d|g|w [--quick]    one scenario (appends to --run, default a new run)
   python -m bench report [--run NAME]      regenerate bench/README.md and the plots
   python -m bench run --url URL ...        the load generator alone against any server
 
@@ -34,7 +34,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("all", "a", "b", "c", "d", "g"):
+    for name in ("all", "a", "b", "c", "d", "g", "w"):
         scenario = sub.add_parser(name, help=f"run scenario {name}")
         scenario.add_argument("--quick", action="store_true", help="tiny windows, for development")
         scenario.add_argument("--run", default=None, help="run name (default: a timestamp)")

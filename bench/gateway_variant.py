@@ -27,7 +27,7 @@ def _without_metrics() -> None:
     from server.core.stream import NullObserver
     from server.observability.metrics import GatewayMetrics
 
-    original = server.runtime.process.build_gateway
+    original = server.runtime.process.build_gateway  # type: ignore[attr-defined]
 
     def build_gateway(*args: Any, **kwargs: Any) -> Any:
         kwargs["observer"] = NullObserver()
@@ -36,8 +36,8 @@ def _without_metrics() -> None:
     def no_response(self: GatewayMetrics, *args: Any) -> None:
         return None
 
-    server.runtime.process.build_gateway = build_gateway  # type: ignore[assignment]
-    GatewayMetrics.response = no_response  # type: ignore[method-assign]
+    server.runtime.process.build_gateway = build_gateway  # type: ignore[attr-defined]
+    GatewayMetrics.response = no_response  # type: ignore[method-assign,assignment]
 
 
 def _log_gc(path: str) -> None:

@@ -52,7 +52,7 @@ def machine() -> dict[str, Any]:
             cpu = line.split(":", 1)[1].strip()
             break
     mem_kib = int(Path("/proc/meminfo").read_text().split()[1])
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             versions[name] = metadata.version(name)
@@ -81,6 +81,8 @@ class CpuProbe:
     """CPU of the server's front-end process, of its engine processes and of the whole machine,
     over exactly the timed part of a window (the load generator measures itself)."""
 
+    processes: list[dict[str, Any]] | None = None  # per process (ProcessTreeProbe only)
+
     def __init__(self, pid: int, engine_pids: list[int]) -> None:
         self.pid, self.engine_pids = pid, engine_pids
         self.front = self.engine = self.machine = 0.0
@@ -97,6 +99,58 @@ class CpuProbe:
         self.front, self.engine, self.machine = (
             b - a for a, b in zip(self._start, end, strict=True)
         )
+
+
+ENGINE_TITLES = ("VLLM::EngineCor", "VLLM::Worker", "VLLM::DPCoordin")  # comm: 15 characters
+
+
+def process_role(comm: str, cmdline: str) -> str:
+    """What a process of a server's tree is, from its name (`/proc/PID/comm`, which vLLM sets
+    with setproctitle) and command line: "engine" (vLLM's engine core, its executor workers,
+    its data-parallel coordinator), "helper" (multiprocessing's resource tracker) or "front"
+    (everything else: the server's main process, the gateway's workers, vLLM's API servers)."""
+    if "resource_tracker" in cmdline:
+        return "helper"
+    if comm.startswith(ENGINE_TITLES):
+        return "engine"
+    return "front"
+
+
+def _describe(pid: int) -> tuple[str, str]:
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "", ""
+    return comm, cmdline
+
+
+class ProcessTreeProbe(CpuProbe):
+    """CpuProbe over a server's whole process tree, by role (`process_role`): `front` is the
+    CPU of every front-end process (a supervisor and its workers, or vLLM's API servers and
+    their parent), `engine` that of the engine processes, and `processes` one entry per
+    process. The tree is read when the probe is made (the server is up by then)."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(pid, [])
+        self.roles: dict[int, tuple[str, str]] = {}
+        for member in (pid, *descendants(pid)):
+            comm, cmdline = _describe(member)
+            self.roles[member] = (process_role(comm, cmdline), comm)
+
+    def start(self) -> None:
+        self._first = {p: cpu_seconds(p) for p in self.roles}
+        self._busy = machine_busy_seconds()
+
+    def stop(self) -> None:
+        used = {p: max(cpu_seconds(p) - self._first[p], 0.0) for p in self.roles}
+        self.machine = machine_busy_seconds() - self._busy
+        self.front = sum(s for p, s in used.items() if self.roles[p][0] == "front")
+        self.engine = sum(s for p, s in used.items() if self.roles[p][0] == "engine")
+        self.processes = [
+            {"pid": p, "role": role, "comm": comm, "root": p == self.pid, "cpu_s": used[p]}
+            for p, (role, comm) in self.roles.items()
+        ]
 
 
 class Run:
@@ -143,11 +197,14 @@ class Run:
         server: Server,
         workload: Workload,
         label: str,
+        probe: CpuProbe | None = None,
         **tags: Any,
     ) -> dict[str, Any]:
-        """Run one window against `server`, record it, return its row (figures in "summary")."""
+        """Run one window against `server`, record it, return its row (figures in "summary").
+        `probe`: how the server's CPU is read (default: its main process as the front end,
+        every descendant as the engine)."""
         target = Target.parse(server.url, server.tls)
-        probe = CpuProbe(server.pid, descendants(server.pid))
+        probe = probe or CpuProbe(server.pid, descendants(server.pid))
         result: Window = uvloop.run(
             run_window(target, workload, label=f"{scenario} {arm} {label}", probe=probe)
         )
@@ -228,6 +285,7 @@ class Run:
             "engine_cpu_s": engine,
             "machine_busy_s": machine_busy,
             "others_cpu_share": max(machine_busy - front - engine - client_cpu_s, 0.0) / duration,
+            **({"server_processes": probe.processes} if probe.processes is not None else {}),
             "summary": summary,
             "commit": self.commit["commit"],
             "machine": self.machine["host"],

