@@ -240,7 +240,7 @@ class CoreLaunch:
         args._api_process_rank = -1
         self._config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         self._log_stats = not args.disable_log_stats
-        self._listeners = bind_engine_zmq_listeners(self._config, count)
+        self._listeners: Any = bind_engine_zmq_listeners(self._config, count)
         self.engine_manager: Any = None
         self.coordinator: Any = None
         self._launch: Any = None
@@ -282,8 +282,8 @@ class CoreLaunch:
         return [proc.sentinel for proc in procs]
 
     def shutdown(self, timeout: float | None) -> None:
-        for listener in (*self._listeners.inputs, *self._listeners.outputs):
-            listener.cleanup()  # ipc:// files
+        self._listeners.cleanup()  # ipc:// files
+        self._listeners = None  # its __del__ cleans up again: now, not at interpreter exit
         if self.engine_manager is not None:
             self.engine_manager.shutdown(timeout=timeout)
         if self.coordinator is not None:

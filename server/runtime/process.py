@@ -166,7 +166,8 @@ async def serve(  # noqa: PLR0915 - the start-up sequence, one step per line
         GatewayServer(uvicorn_config(h, ln, settings))
         for h, ln in zip(holders, listeners, strict=True)
     ]
-    tasks = await _open(servers, listeners, phase, worker.sockets if worker else None)
+    sockets = worker.listening_sockets([ln.host for ln in listeners]) if worker else None
+    tasks = await _open(servers, listeners, phase, sockets)
     StopSignals(shutdown).install(interrupt=worker is None)
     try:
         engine = await _start_engine(settings, engine_factory, shutdown.requested)

@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from server.settings import Settings
 
 ROLES = tuple(Role)
+BACKLOG = 2048
 START_TIMEOUT_S = 900.0  # every worker started (engine clients, adapters) within this
 
 
@@ -39,11 +40,18 @@ START_TIMEOUT_S = 900.0  # every worker started (engine clients, adapters) withi
 class Worker:
     index: int
     count: int
-    sockets: tuple[socket.socket, ...]  # one per listener, in `plan_listeners` order
+    ports: tuple[int, ...]  # one per listener, in `plan_listeners` order (0 resolved)
     registry_path: Path  # the owner's Unix socket
     started: threading.Barrier  # a multiprocessing Barrier of `count` parties
     role: Any  # a multiprocessing RawValue("i"): index of the role in ROLES
     engine: ClientPlace | None  # None: the fake engine (one per worker)
+
+    def listening_sockets(self, hosts: Sequence[str]) -> list[socket.socket]:
+        """This worker's own socket per listener, sharing the port with the other workers
+        (SO_REUSEPORT: the kernel spreads new connections evenly over them; one socket accepted
+        by all would let whichever worker wakes first take every waiting connection)."""
+        return [shared_port_socket(host, port, listen=True)
+                for host, port in zip(hosts, self.ports, strict=True)]
 
     @property
     def owner(self) -> bool:
@@ -110,6 +118,23 @@ class SharedRoleLifecycle(Lifecycle):
     @role.setter
     def role(self, role: Role) -> None:
         self._shared.value = ROLES.index(role)
+
+
+def shared_port_socket(host: str, port: int, *, listen: bool) -> socket.socket:
+    """A TCP socket bound with SO_REUSEPORT; listening (a worker's) or not (the supervisor's
+    reservation of the port: the kernel hands connections to listening sockets only)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        if listen:
+            sock.listen(BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _part(total: int, count: int) -> int:

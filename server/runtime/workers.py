@@ -1,9 +1,10 @@
 """The supervisor of `ServerConfig.workers` > 1 front-end processes over one engine core.
 
-It binds the HTTP listeners once (the workers accept on the same sockets; gRPC is bound by each
-worker with SO_REUSEPORT), starts the engine core once through vLLM's own multi-API-server launch
-(`CoreLaunch`, the mechanism behind `vllm serve --api-server-count`) and spawns the workers, each
-with its own client of that core. It holds no request and never generates.
+It reserves the listeners' ports (each worker then listens on its own socket of each port with
+SO_REUSEPORT, HTTP and gRPC alike, and the kernel spreads connections over them), starts the
+engine core once through vLLM's own multi-API-server launch (`CoreLaunch`, the mechanism behind
+`vllm serve --api-server-count`) and spawns the workers, each with its own client of that core.
+It holds no request and never generates.
 
 One lifecycle: the workers turn ready together (a start barrier); SIGTERM or SIGINT here, or
 GET /stopService on any worker (which signals SIGUSR1 here), drains every worker (a second
@@ -34,14 +35,13 @@ from server.core.lifecycle import log_phase
 from server.engines.factory import launch_core
 from server.runtime.grpc_listener import plan_grpc
 from server.runtime.process import plan_listeners, uvicorn_config
-from server.runtime.worker import Worker, run_worker
+from server.runtime.worker import Worker, run_worker, shared_port_socket
 from server.settings import Settings
 
 if TYPE_CHECKING:
     from server.engines.vllm import ClientPlace, CoreLaunch
 
 logger = logging.getLogger("gateway")
-BACKLOG = 2048
 EXIT_GRACE_S = 10.0  # after the drain timeout, how long workers get to exit before SIGKILL
 
 
@@ -66,69 +66,60 @@ class Supervisor:
 
     def run(self, started: float) -> int:
         """Start everything, supervise until stopped, clean up. The process exit code."""
-        sockets = self._bind()
-        log_phase(logger, "listeners", started, "bound for the workers")
+        reserved = self._reserve()
+        log_phase(logger, "listeners", started, "ports reserved for the workers")
         self._install_signals()
         # the workers inherit it; prometheus_client reads it when they import it
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self._metrics_dir())  # noqa: TID251
         try:
-            self._start(sockets)
+            self._start(tuple(sock.getsockname()[1] for sock in reserved))
         except Exception:
             logger.exception("the server failed to start")
             self._failed = True
             self._stop_asked = True
-        finally:
-            for sock in sockets:
-                sock.close()  # the workers hold their own copies
         try:
             self._supervise()
         finally:
             self._clean_up()
+            for sock in reserved:
+                sock.close()
         return 1 if self._failed else 0
 
     # ---- start ---------------------------------------------------------------------------
-    def _bind(self) -> list[socket.socket]:
-        """Check every listener as a single server would (TLS files, bind address), then bind
-        the HTTP listeners here: every worker accepts on the same sockets."""
+    def _reserve(self) -> list[socket.socket]:
+        """Check every listener as a single server would (TLS files, bind address) and reserve
+        the HTTP ports (a port another program holds fails here; port 0 gets its number)."""
         settings = self.settings
         listeners = plan_listeners(settings)
         for listener in listeners:
             uvicorn_config(_refuse, listener, settings)
         plan_grpc(settings)
-        sockets = []
-        for listener in listeners:
-            family = socket.AF_INET6 if ":" in listener.host else socket.AF_INET
-            sockets.append(
-                socket.create_server(
-                    (listener.host, listener.port), family=family, backlog=BACKLOG
-                )
-            )
-        return sockets
+        return [shared_port_socket(ln.host, ln.port, listen=False) for ln in listeners]
 
     def _metrics_dir(self) -> Path:
         path = self._private / "metrics"
         path.mkdir()
         return path
 
-    def _start(self, sockets: list[socket.socket]) -> None:
+    def _start(self, ports: tuple[int, ...]) -> None:
         since = time.monotonic()
         self._barrier = self._context.Barrier(self.count)
         role = self._context.RawValue("i", 0)
         self._launch = launch_core(self.settings, self.count)
         if self._launch is None:
-            self._spawn(sockets, role, [None] * self.count)
+            self._spawn(ports, role, [None] * self.count)
         else:
             with self._launch.start() as places:
-                self._spawn(sockets, role, list(places))
+                self._spawn(ports, role, list(places))
                 self._launch.watch(self.workers)
             log_phase(logger, "engine start", since, f"engine core for {self.count} workers")
 
     def _spawn(
-        self, sockets: list[socket.socket], role: Any, places: list[ClientPlace | None]
+        self, ports: tuple[int, ...], role: Any, places: list[ClientPlace | None]
     ) -> None:
         for index, place in enumerate(places):
             worker = Worker(
-                index=index, count=self.count, sockets=tuple(sockets),
+                index=index, count=self.count, ports=ports,
                 registry_path=self._private / "registry.sock", started=self._barrier,
                 role=role, engine=place,
             )
@@ -197,6 +188,7 @@ class Supervisor:
                 continue
             self._reaped.add(pid)
             worker_exited(pid)
+            logger.info("%s exited (code %s)", process.name, process.exitcode)
             if process.exitcode != 0 or not self._stop_asked:
                 if not self._failed:
                     logger.error("%s exited (code %s): stopping the server", process.name,
