@@ -9,7 +9,7 @@ EXTRAS ?= cpu,demo,test,dev
 export VLLM_NO_USAGE_STATS := 1
 export VLLM_HOST_IP := 127.0.0.1
 
-.PHONY: install demo certs serve test lint typecheck imports check unit integration bench clean
+.PHONY: install demo certs serve test test-workers lint typecheck imports check unit integration bench clean
 
 install: $(STAMP)
 
@@ -50,6 +50,12 @@ unit: install
 
 test: install demo certs check unit
 	$(PY) -m pytest -q tests/integration tests/conformance
+
+# Every protocol's conformance suite once more against a server of two worker processes
+# (ServerConfig.workers: 2) on the real engine (~5 min; `make test` runs tests/integration/
+# test_workers.py, which covers the workers themselves).
+test-workers: install demo certs
+	GATEWAY_TEST_WORKERS=2 $(PY) -m pytest -q tests/conformance
 
 # Gateway vs vLLM's own server, protocol ceiling (Python client and wrk), multi-LoRA, scaling,
 # batch first byte: bench/README.md (~20 min).

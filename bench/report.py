@@ -1619,8 +1619,9 @@ def w_section(results: Results) -> str:
         return ""
     parts = [
         "## W. Front-end workers (`ServerConfig.workers`)\n",
-        "The gateway's `ServerConfig.workers` = N: a supervisor binds the listeners once and "
-        "spawns N worker processes accepting on them, each its own client of one vLLM engine "
+        "The gateway's `ServerConfig.workers` = N: a supervisor reserves the listeners' ports and "
+        "spawns N worker processes, each listening on its own SO_REUSEPORT socket of every port "
+        "(the kernel spreads connections) and each its own client of one vLLM engine "
         "core started through vLLM's multi-API-server launch (the fake engine: one per worker). "
         "Machine: "
         f"{results.meta['machine']['cores']} cores, shared by the gateway's processes, the "
@@ -1664,7 +1665,8 @@ def _wb_text(results: Results, wb: dict[str, Any]) -> str:
         "machine busy = all processes on both cores (2.00 = saturated); CPU per unit = gateway "
         "cores / throughput (µs per request, or per streamed event); the ratio splits into the "
         "cores the gateway got and what it did per core; busiest worker = its share of the "
-        "workers' CPU (0.50 = evenly spread; the workers accept on one shared socket); quiet "
+        "workers' CPU (0.50 = evenly spread; each worker accepts on its own SO_REUSEPORT "
+        "socket); quiet "
         f"rounds = both windows with other processes under {QUIET} cores (noise: other "
         "engineers' tests share this machine).\n",
         _wb_table(wb),
@@ -1911,7 +1913,8 @@ def _w_larger(wb: dict[str, Any], wa: dict[str, Any], cores: int) -> str:
             "adds throughput only with a core of its own: with N workers on N free cores (the "
             "load generator and the engine on others), the cores term approaches N and the "
             f"factor ≈ N × the per-core term; for N = {n}, ≈ {guess}, provided the connections "
-            "spread over the workers (see above: as accepted today, they may not). The per-core "
+            "spread over the workers (SO_REUSEPORT hashes connections, so a handful of long-lived "
+            "ones can still land unevenly). The per-core "
             "term measured here includes time-sharing 2 cores with wrk, so it is a pessimistic "
             "guess for idle cores, not a promise. One front-end process's ceiling follows from "
             "its CPU per unit "
