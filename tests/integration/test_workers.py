@@ -33,6 +33,7 @@ from tests.serverproc import DEMO, RunningServer, running_server
 PINNED = {"VLLM_CPU_OMP_THREADS_BIND": "1"}
 WORKERS = {
     "ServerConfig": {"workers": 2},
+    "ModelConfig": {"maxNumSeqs": 64},  # the drain test's 64 requests all run at once
     "LimitsConfig": {"maxConcurrentRequests": 128, "maxQueue": 128, "drainTimeout": 120},
 }
 PROMPT = "the two workers share one engine"
