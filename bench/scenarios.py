@@ -226,6 +226,20 @@ def rotated(items: tuple[Any, ...], shift: int) -> tuple[Any, ...]:
     return items[shift:] + items[:shift]
 
 
+def a_workload(plan: Plan, protocol: str, stream: bool, prompts: tuple[str, ...]) -> Workload:
+    """Scenario A's window for one workload (also W-A's)."""
+    return Workload(
+        protocol=protocol,
+        stream=stream,
+        max_tokens=plan.a_max_tokens,
+        prompts=prompts,
+        concurrency=plan.a_concurrency,
+        requests=plan.a_requests,
+        warmup=plan.a_warmup,
+        prompt_len=plan.a_prompt_len,
+    )
+
+
 def scenario_a(run: Run, plan: Plan) -> None:
     engine = EngineSettings()
     run.note("engine", scenario="A", **_engine_note(engine))
@@ -239,16 +253,7 @@ def scenario_a(run: Run, plan: Plan) -> None:
             with session(server, run, "A", arm, round=rnd):
                 for rep in range(plan.a_reps):
                     for label, protocol, stream in rotated(A_WORKLOADS, rnd + rep):
-                        workload = Workload(
-                            protocol=protocol,
-                            stream=stream,
-                            max_tokens=plan.a_max_tokens,
-                            prompts=prompts,
-                            concurrency=plan.a_concurrency,
-                            requests=plan.a_requests,
-                            warmup=plan.a_warmup,
-                            prompt_len=plan.a_prompt_len,
-                        )
+                        workload = a_workload(plan, protocol, stream, prompts)
                         steady_window(run, arm, server, workload, label, round=rnd, rep=rep)
                 if rnd >= last - 1 and plan.crosscheck:
                     crosscheck(run, server, arm, engine, plan, prompts, rnd)

@@ -26,7 +26,6 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from bench.load import Workload
 from bench.prompts import prompt_set
 from bench.record import Run
 from bench.scenarios import (
@@ -34,6 +33,7 @@ from bench.scenarios import (
     WRK_CPU,
     Plan,
     _engine_note,
+    a_workload,
     capture_bytes,
     capture_file,
     rotated,
@@ -119,7 +119,7 @@ def w_a(run: Run, plan: Plan) -> None:
             with session(server, run, "WA", arm, round=rnd, workers=count):
                 for rep in range(plan.w_a_reps):
                     for label, protocol, stream in rotated(workloads, rnd + rep):
-                        workload = _wa_workload(plan, protocol, stream, prompts)
+                        workload = a_workload(plan, protocol, stream, prompts)
                         steady_window(
                             run, arm, server, workload, label,
                             scenario="WA", tree=True, round=rnd, rep=rep,
@@ -135,15 +135,3 @@ def _start_wa(
     return start_gateway(name, run.logs, engine_settings=engine, overrides=overrides, env=env)
 
 
-def _wa_workload(plan: Plan, protocol: str, stream: bool, prompts: tuple[str, ...]) -> Workload:
-    """Scenario A's window for this workload."""
-    return Workload(
-        protocol=protocol,
-        stream=stream,
-        max_tokens=plan.a_max_tokens,
-        prompts=prompts,
-        concurrency=plan.a_concurrency,
-        requests=plan.a_requests,
-        warmup=plan.a_warmup,
-        prompt_len=plan.a_prompt_len,
-    )
