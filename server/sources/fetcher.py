@@ -1,0 +1,111 @@
+"""`RemoteSources`: the adapter source port for remote locations (s3, https archives, hf).
+
+One fetch per location however many callers wait; each within one time bound (retries of
+transient failures included) after which the caller gets `AdapterSourceFailed` and whatever the
+abandoned attempt still does is never registered. Every download is checked exactly as a local
+adapter folder (`check`) before the cache takes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from server.core.adapter_files import content_digest
+from server.core.adapter_sources import AdapterSourceFailed
+from server.core.errors import GatewayError
+from server.sources.archive import adapter_root
+from server.sources.cache import AdapterCache
+from server.sources.remote import Deadline, Remote, SourceStats, retrying
+
+logger = logging.getLogger("gateway.sources")
+
+
+class RemoteSources:
+    def __init__(
+        self,
+        *,
+        remotes: Sequence[Remote],
+        cache: AdapterCache,
+        check: Callable[[Path], object],
+        timeout_s: float,
+        prefixes: Sequence[str] = (),
+    ) -> None:
+        self._remotes = {remote.scheme: remote for remote in remotes}
+        self._cache = cache
+        self._check = check
+        self._timeout_s = timeout_s
+        self._prefixes = tuple(prefixes)
+        self._pending: dict[str, asyncio.Future[Path]] = {}
+        self.stats = SourceStats()
+
+    @property
+    def prefixes(self) -> tuple[str, ...]:
+        return self._prefixes
+
+    def is_remote(self, src: str) -> bool:
+        scheme, separator, _ = src.partition("://")
+        return bool(separator) and scheme in self._remotes
+
+    async def fetch(self, src: str) -> Path:
+        pending = self._pending.get(src)
+        if pending is None:
+            pending = asyncio.ensure_future(self._fetch_bounded(src))
+            self._pending[src] = pending
+            pending.add_done_callback(lambda _: self._pending.pop(src, None))
+        return await asyncio.shield(pending)
+
+    def keep(self, folders: set[Path]) -> None:
+        self._cache.keep(folders)
+
+    async def _fetch_bounded(self, src: str) -> Path:
+        deadline = Deadline.after(self._timeout_s)
+        try:
+            # the thread keeps to the deadline itself; this bounds a call stuck inside a client
+            return await asyncio.wait_for(
+                asyncio.to_thread(self._fetch, src, deadline), self._timeout_s + 1.0
+            )
+        except TimeoutError:
+            raise AdapterSourceFailed(
+                f"The adapter source {src} did not answer within {self._timeout_s:g} s "
+                "(LoraConfig.adapterSourceTimeout)", param="src",
+            ) from None
+
+    def _fetch(self, src: str, deadline: Deadline) -> Path:
+        scheme = src.partition("://")[0]
+        remote = self._remotes[scheme]
+        started = time.perf_counter()
+        try:
+            version = retrying(src, deadline, lambda: remote.version(src, deadline))
+            key = None if version is None else f"{src}\n{version}"
+            cached = None if key is None else self._cache.lookup(key)
+            if cached is not None:
+                self.stats.hit(scheme)
+                return cached
+            folder, size = self._download(remote, src, key, deadline)
+        except GatewayError as exc:
+            self.stats.failed(scheme, exc.error_type)
+            logger.warning("adapter source %s: %s", src, exc.message)
+            raise
+        self.stats.fetched(scheme, time.perf_counter() - started, size)
+        logger.info("adapter source %s fetched: %d bytes into %s", src, size, folder.name)
+        return folder
+
+    def _download(
+        self, remote: Remote, src: str, key: str | None, deadline: Deadline
+    ) -> tuple[Path, int]:
+        def attempt() -> tuple[Path, int]:
+            staged = self._cache.stage()  # every attempt starts from nothing
+            try:
+                size = remote.download(src, staged, deadline)
+                root = adapter_root(staged)
+                self._check(root)
+                deadline.check(src)
+                return self._cache.commit(key, root, content_digest(root)), size
+            finally:
+                self._cache.discard(staged)
+
+        return retrying(src, deadline, attempt)

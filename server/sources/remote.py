@@ -1,0 +1,124 @@
+"""What every remote source shares: the time bound, transient failures, the stats, and the
+interface one scheme implements."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from server.core.adapter_sources import AdapterSourceFailed
+
+T = TypeVar("T")
+
+# Upper bounds (seconds) of the fetch-latency histogram (download, check, cache).
+FETCH_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+_FIRST_BACKOFF_S = 0.25
+_MAX_BACKOFF_S = 2.0
+
+
+class Transient(Exception):
+    """A failure worth another attempt (connection refused or cut, timeouts, 5xx, throttling)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    at: float  # time.monotonic()
+    timeout_s: float
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds, seconds)
+
+    def remaining(self) -> float:
+        return self.at - time.monotonic()
+
+    def check(self, src: str) -> None:
+        if self.remaining() <= 0:
+            raise AdapterSourceFailed(
+                f"The adapter source {src} did not answer within {self.timeout_s:g} s "
+                "(LoraConfig.adapterSourceTimeout)", param="src"
+            )
+
+    def io_timeout(self, longest: float = 10.0) -> float:
+        """A timeout for one network operation: what is left, at most `longest`."""
+        return max(0.05, min(longest, self.remaining()))
+
+
+class Remote(Protocol):
+    """One scheme's way of reading an adapter's files."""
+
+    scheme: str
+
+    def version(self, location: str, deadline: Deadline) -> str | None:
+        """What identifies the contents now (cheap; None: always download). Raises
+        AdapterNotFound when nothing is there."""
+        ...
+
+    def download(self, location: str, dest: Path, deadline: Deadline) -> int:
+        """Write the adapter's files into the empty folder `dest`; returns the bytes read."""
+        ...
+
+
+def retrying(src: str, deadline: Deadline, attempt: Callable[[], T]) -> T:
+    """`attempt()` again after a growing pause while it fails transiently and time is left."""
+    pause = _FIRST_BACKOFF_S
+    while True:
+        try:
+            return attempt()
+        except Transient as exc:
+            if deadline.remaining() <= pause:
+                raise AdapterSourceFailed(
+                    f"The adapter source {src} could not be read within "
+                    f"{deadline.timeout_s:g} s: {exc}", param="src",
+                ) from None
+            time.sleep(pause)
+            pause = min(pause * 2, _MAX_BACKOFF_S)
+
+
+@dataclass(slots=True)
+class SchemeStats:
+    fetches: int = 0  # completed downloads
+    cache_hits: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    buckets: list[int] = field(default_factory=lambda: [0] * len(FETCH_BUCKETS))
+    errors: dict[str, int] = field(default_factory=dict)  # error_type -> count
+
+
+class SourceStats:
+    """Per-scheme counters for /metrics (updated from download threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._schemes: dict[str, SchemeStats] = {}
+
+    def fetched(self, scheme: str, seconds: float, size: int) -> None:
+        with self._lock:
+            stats = self._schemes.setdefault(scheme, SchemeStats())
+            stats.fetches += 1
+            stats.bytes += size
+            stats.seconds += seconds
+            for index, bound in enumerate(FETCH_BUCKETS):
+                if seconds <= bound:
+                    stats.buckets[index] += 1
+
+    def hit(self, scheme: str) -> None:
+        with self._lock:
+            self._schemes.setdefault(scheme, SchemeStats()).cache_hits += 1
+
+    def failed(self, scheme: str, error_type: str) -> None:
+        with self._lock:
+            errors = self._schemes.setdefault(scheme, SchemeStats()).errors
+            errors[error_type] = errors.get(error_type, 0) + 1
+
+    def snapshot(self) -> dict[str, SchemeStats]:
+        with self._lock:
+            return {
+                scheme: SchemeStats(s.fetches, s.cache_hits, s.bytes, s.seconds, list(s.buckets),
+                                    dict(s.errors))
+                for scheme, s in self._schemes.items()
+            }
