@@ -43,11 +43,14 @@ from server.http.rpc import AccessInterceptor, GrpcService
 from server.observability import metrics as metrics_routes
 from server.observability.logs import RequestLog
 from server.observability.metrics import GatewayMetrics, LiveState
+from server.observability.shared import multiprocess_dir
+from server.observability.sources import SourceMetrics
 from server.settings import Settings, SettingsError, redacted, resolve_path
 from server.sources.cache import AdapterCache
 from server.sources.fetcher import RemoteSources
 from server.sources.https import HttpsRemote
 from server.sources.hub import HubRemote
+from server.sources.remote import FetchObserver
 from server.sources.s3 import S3Remote
 
 logger = logging.getLogger("gateway")
@@ -109,10 +112,12 @@ def build_gateway(
     base_names = _base_names(settings, engine)
     state = settings.lora.state_file
     rules = adapter_rules(settings, base_names)
+    shared = multiprocess_dir() is not None
+    source_metrics = SourceMetrics(shared=shared)
     adapters = make_adapters(
         engine=engine, rules=rules, limits=_adapter_limits(settings),
         state_file=Path(resolve_path(settings, state)) if state else None,
-        fetcher=adapter_fetcher(settings, rules),
+        fetcher=adapter_fetcher(settings, rules, source_metrics),
     )
     limits = service_limits(settings)
     admission = Admission(limits)
@@ -135,6 +140,9 @@ def build_gateway(
         aliases=settings.model.aliases,
         observer=observer or metrics,
     )
+    if not shared:  # with workers the shared files carry them into every worker's scrape
+        for family in source_metrics.families:
+            registry.register(family)
     registries = metrics.registries
     context = protocol_context(settings, service)
     routes = _routes(settings, context, metrics, registries, shutdown)
@@ -298,7 +306,9 @@ def adapter_cache_dir(settings: Settings) -> Path:
     return Path(resolve_path(settings, folder))
 
 
-def adapter_fetcher(settings: Settings, rules: AdapterRules) -> RemoteSources:
+def adapter_fetcher(
+    settings: Settings, rules: AdapterRules, observer: FetchObserver | None = None
+) -> RemoteSources:
     """The remote adapter sources and their cache (nothing is fetched before it is named)."""
     lora = settings.lora
     budget = int(lora.adapter_cache_gib * 2**30)
@@ -313,6 +323,7 @@ def adapter_fetcher(settings: Settings, rules: AdapterRules) -> RemoteSources:
         check=lambda folder: validate_adapter_dir(folder, rules),
         timeout_s=lora.adapter_source_timeout_s,
         prefixes=lora.adapter_sources,
+        observer=observer,
     )
 
 

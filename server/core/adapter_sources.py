@@ -35,7 +35,7 @@ class AdapterFetcher(Protocol):
 
     async def fetch(self, src: str) -> Path:
         """A complete local folder holding the adapter at `src`, fetched once however many
-        callers wait. Raises AdapterNotFound (nothing there), AdapterInvalid (corrupt, unsafe
+        callers wait. Raises AdapterSourceMissing (nothing there), AdapterInvalid (corrupt, unsafe
         or oversized contents, a digest mismatch) or AdapterSourceFailed, within the fetcher's
         time bound."""
         ...

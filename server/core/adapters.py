@@ -53,6 +53,7 @@ from server.core.errors import (
     AdapterExists,
     AdapterInvalid,
     AdapterNotFound,
+    AdapterSourceMissing,
     GatewayError,
     LoraDisabled,
     Overloaded,
@@ -487,7 +488,7 @@ class AdapterRegistry:
             src = prefix.replace("{name}", name) if "{name}" in prefix else prefix + name
             try:
                 await self.register(name, src, preload=False, origin="source")
-            except AdapterNotFound:
+            except AdapterSourceMissing:
                 continue
             except AdapterExists:
                 return  # registered meanwhile

@@ -19,7 +19,7 @@ from server.core.adapter_sources import AdapterSourceFailed
 from server.core.errors import GatewayError
 from server.sources.archive import adapter_root
 from server.sources.cache import AdapterCache
-from server.sources.remote import Deadline, Remote, SourceStats, retrying
+from server.sources.remote import Deadline, FetchObserver, NoObserver, Remote, retrying
 
 logger = logging.getLogger("gateway.sources")
 
@@ -33,6 +33,7 @@ class RemoteSources:
         check: Callable[[Path], object],
         timeout_s: float,
         prefixes: Sequence[str] = (),
+        observer: FetchObserver | None = None,
     ) -> None:
         self._remotes = {remote.scheme: remote for remote in remotes}
         self._cache = cache
@@ -40,7 +41,7 @@ class RemoteSources:
         self._timeout_s = timeout_s
         self._prefixes = tuple(prefixes)
         self._pending: dict[str, asyncio.Future[Path]] = {}
-        self.stats = SourceStats()
+        self._observer = observer or NoObserver()
 
     @property
     def prefixes(self) -> tuple[str, ...]:
@@ -62,37 +63,44 @@ class RemoteSources:
         self._cache.keep(folders)
 
     async def _fetch_bounded(self, src: str) -> Path:
+        scheme = src.partition("://")[0]
         deadline = Deadline.after(self._timeout_s)
+        started = time.perf_counter()
         try:
             # the thread keeps to the deadline itself; this bounds a call stuck inside a client
-            return await asyncio.wait_for(
+            folder, size = await asyncio.wait_for(
                 asyncio.to_thread(self._fetch, src, deadline), self._timeout_s + 1.0
             )
         except TimeoutError:
-            raise AdapterSourceFailed(
+            error = AdapterSourceFailed(
                 f"The adapter source {src} did not answer within {self._timeout_s:g} s "
                 "(LoraConfig.adapterSourceTimeout)", param="src",
-            ) from None
-
-    def _fetch(self, src: str, deadline: Deadline) -> Path:
-        scheme = src.partition("://")[0]
-        remote = self._remotes[scheme]
-        started = time.perf_counter()
-        try:
-            version = retrying(src, deadline, lambda: remote.version(src, deadline))
-            key = None if version is None else f"{src}\n{version}"
-            cached = None if key is None else self._cache.lookup(key)
-            if cached is not None:
-                self.stats.hit(scheme)
-                return cached
-            folder, size = self._download(remote, src, key, deadline)
+            )
+            self._failed(scheme, src, error)
+            raise error from None
         except GatewayError as exc:
-            self.stats.failed(scheme, exc.error_type)
-            logger.warning("adapter source %s: %s", src, exc.message)
+            self._failed(scheme, src, exc)
             raise
-        self.stats.fetched(scheme, time.perf_counter() - started, size)
-        logger.info("adapter source %s fetched: %d bytes into %s", src, size, folder.name)
+        if size is None:
+            self._observer.cached(scheme)
+        else:
+            self._observer.fetched(scheme, time.perf_counter() - started, size)
+            logger.info("adapter source %s fetched: %d bytes into %s", src, size, folder.name)
         return folder
+
+    def _failed(self, scheme: str, src: str, error: GatewayError) -> None:
+        self._observer.failed(scheme, error.error_type)
+        logger.warning("adapter source %s: %s", src, error.message)
+
+    def _fetch(self, src: str, deadline: Deadline) -> tuple[Path, int | None]:
+        """The cached folder (size None) or a fresh download's folder and size."""
+        remote = self._remotes[src.partition("://")[0]]
+        version = retrying(src, deadline, lambda: remote.version(src, deadline))
+        key = None if version is None else f"{src}\n{version}"
+        cached = None if key is None else self._cache.lookup(key)
+        if cached is not None:
+            return cached, None
+        return self._download(remote, src, key, deadline)
 
     def _download(
         self, remote: Remote, src: str, key: str | None, deadline: Deadline

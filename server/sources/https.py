@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from server.core.adapter_sources import AdapterSourceFailed
-from server.core.errors import AdapterInvalid, AdapterNotFound
+from server.core.errors import AdapterInvalid, AdapterSourceMissing
 from server.sources.archive import archive_kind, unpack
 from server.sources.remote import Deadline, Transient
 
@@ -96,7 +96,7 @@ def _check_status(status: int, url: str) -> None:
     if status < 400:
         return
     if status in (404, 410):
-        raise AdapterNotFound(f"No adapter found at {url}", param="src")
+        raise AdapterSourceMissing(f"No adapter found at {url}", param="src")
     if status == 429 or status >= 500:
         raise Transient(f"HTTP {status}")
     raise AdapterSourceFailed(f"{url} answered HTTP {status}", param="src")

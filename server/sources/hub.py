@@ -9,7 +9,7 @@ from pathlib import Path
 
 from server.core.adapter_files import CONTENT_FILES
 from server.core.adapter_sources import AdapterSourceFailed
-from server.core.errors import AdapterInvalid, AdapterNotFound
+from server.core.errors import AdapterInvalid, AdapterSourceMissing
 from server.sources.remote import Deadline, Transient
 
 _REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -55,12 +55,12 @@ def _snapshot(repo: str, revision: str | None, deadline: Deadline) -> str:
         raise AdapterSourceFailed(f"hf://{repo} is not in the local Hub cache and the Hub "
                                   f"cannot be reached: {exc}", param="src") from None
     except (hub.RevisionNotFoundError, hub.EntryNotFoundError) as exc:
-        raise AdapterNotFound(f"No adapter found at hf://{repo}: {exc}", param="src") from None
+        raise AdapterSourceMissing(f"No adapter found at hf://{repo}: {exc}", param="src") from None
     except hub.GatedRepoError:
         raise AdapterSourceFailed(f"hf://{repo} is gated: the token has no access",
                                   param="src") from None
     except hub.RepositoryNotFoundError:
-        raise AdapterNotFound(f"No adapter found at hf://{repo}", param="src") from None
+        raise AdapterSourceMissing(f"No adapter found at hf://{repo}", param="src") from None
     except hub.HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else 0
         if status in (401, 403):

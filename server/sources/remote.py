@@ -3,10 +3,9 @@ interface one scheme implements."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -55,7 +54,7 @@ class Remote(Protocol):
 
     def version(self, location: str, deadline: Deadline) -> str | None:
         """What identifies the contents now (cheap; None: always download). Raises
-        AdapterNotFound when nothing is there."""
+        AdapterSourceMissing when nothing is there."""
         ...
 
     def download(self, location: str, dest: Path, deadline: Deadline) -> int:
@@ -79,46 +78,22 @@ def retrying(src: str, deadline: Deadline, attempt: Callable[[], T]) -> T:
             pause = min(pause * 2, _MAX_BACKOFF_S)
 
 
-@dataclass(slots=True)
-class SchemeStats:
-    fetches: int = 0  # completed downloads
-    cache_hits: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-    buckets: list[int] = field(default_factory=lambda: [0] * len(FETCH_BUCKETS))
-    errors: dict[str, int] = field(default_factory=dict)  # error_type -> count
+class FetchObserver(Protocol):
+    """Told of each fetch's outcome, on the event loop (the metrics)."""
+
+    def fetched(self, scheme: str, seconds: float, size: int) -> None: ...
+
+    def cached(self, scheme: str) -> None: ...
+
+    def failed(self, scheme: str, error_type: str) -> None: ...
 
 
-class SourceStats:
-    """Per-scheme counters for /metrics (updated from download threads)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._schemes: dict[str, SchemeStats] = {}
-
+class NoObserver:
     def fetched(self, scheme: str, seconds: float, size: int) -> None:
-        with self._lock:
-            stats = self._schemes.setdefault(scheme, SchemeStats())
-            stats.fetches += 1
-            stats.bytes += size
-            stats.seconds += seconds
-            for index, bound in enumerate(FETCH_BUCKETS):
-                if seconds <= bound:
-                    stats.buckets[index] += 1
+        return None
 
-    def hit(self, scheme: str) -> None:
-        with self._lock:
-            self._schemes.setdefault(scheme, SchemeStats()).cache_hits += 1
+    def cached(self, scheme: str) -> None:
+        return None
 
     def failed(self, scheme: str, error_type: str) -> None:
-        with self._lock:
-            errors = self._schemes.setdefault(scheme, SchemeStats()).errors
-            errors[error_type] = errors.get(error_type, 0) + 1
-
-    def snapshot(self) -> dict[str, SchemeStats]:
-        with self._lock:
-            return {
-                scheme: SchemeStats(s.fetches, s.cache_hits, s.bytes, s.seconds, list(s.buckets),
-                                    dict(s.errors))
-                for scheme, s in self._schemes.items()
-            }
+        return None

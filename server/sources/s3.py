@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from server.core.adapter_sources import AdapterSourceFailed
-from server.core.errors import AdapterInvalid, AdapterNotFound
+from server.core.errors import AdapterInvalid, AdapterSourceMissing
 from server.sources.archive import check_member
 from server.sources.remote import Deadline, Transient
 
@@ -63,7 +63,7 @@ class S3Remote:
                     if not item["Key"].endswith("/"):
                         found.append((item["Key"], int(item["Size"]), str(item.get("ETag"))))
         if not found:
-            raise AdapterNotFound(f"No adapter found at {location}", param="src")
+            raise AdapterSourceMissing(f"No adapter found at {location}", param="src")
         if len(found) > _MAX_OBJECTS:
             raise AdapterInvalid(f"{location} holds more than {_MAX_OBJECTS} objects",
                                  param="src")
@@ -127,7 +127,7 @@ def _client_error(exc: Any, location: str) -> Exception:
     code = str(exc.response.get("Error", {}).get("Code", ""))
     status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
     if code in _NOT_FOUND:
-        return AdapterNotFound(f"No adapter found at {location}", param="src")
+        return AdapterSourceMissing(f"No adapter found at {location}", param="src")
     if code in _REFUSED:
         return AdapterSourceFailed(f"The S3 store refused access to {location} ({code})",
                                    param="src")
