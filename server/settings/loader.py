@@ -584,7 +584,10 @@ def _redact(node: Any) -> Any:
 
 
 def resolve_path(settings: Settings, path: str) -> str:
-    """`path` if absolute, else relative to the folder of config.json (`settings.base_dir`)."""
+    """`path` if absolute or a URL (`s3://…`), else relative to the folder of config.json
+    (`settings.base_dir`)."""
+    if "://" in path:
+        return path
     candidate = Path(path)
     return str(candidate if candidate.is_absolute() else Path(settings.base_dir) / candidate)
 
