@@ -29,6 +29,7 @@ def moto_server(log: Path) -> Iterator[str]:
     """moto's S3-compatible server on a free loopback port; yields its URL."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
