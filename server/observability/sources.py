@@ -16,8 +16,8 @@ class SourceMetrics:
     def __init__(self, *, shared: bool) -> None:
         self.fetches = Counter(
             "gateway_adapter_source_fetches",
-            "Adapter source fetches by scheme and outcome: downloaded, cached, or the error "
-            "type (adapter_invalid, adapter_source_failed).",
+            "Adapter source fetches by scheme and outcome: downloaded, cached, missing (nothing "
+            "there), invalid (not a usable adapter) or failed (unreachable, refused, too slow).",
             ("scheme", "outcome"), shared=shared,
         )
         self.seconds = Histogram(
@@ -39,5 +39,5 @@ class SourceMetrics:
     def cached(self, scheme: str) -> None:
         self.fetches.labels(scheme, "cached").inc()
 
-    def failed(self, scheme: str, error_type: str) -> None:
-        self.fetches.labels(scheme, error_type).inc()
+    def failed(self, scheme: str, outcome: str) -> None:
+        self.fetches.labels(scheme, outcome).inc()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from server.core.adapter_files import content_digest
 from server.core.adapter_sources import AdapterSourceFailed
-from server.core.errors import GatewayError
+from server.core.errors import AdapterSourceMissing, GatewayError
 from server.sources.archive import adapter_root
 from server.sources.cache import AdapterCache
 from server.sources.remote import Deadline, FetchObserver, NoObserver, Remote, retrying
@@ -89,7 +89,7 @@ class RemoteSources:
         return folder
 
     def _failed(self, scheme: str, src: str, error: GatewayError) -> None:
-        self._observer.failed(scheme, error.error_type)
+        self._observer.failed(scheme, _outcome(error))
         logger.warning("adapter source %s: %s", src, error.message)
 
     def _fetch(self, src: str, deadline: Deadline) -> tuple[Path, int | None]:
@@ -117,3 +117,11 @@ class RemoteSources:
                 self._cache.discard(staged)
 
         return retrying(src, deadline, attempt)
+
+
+def _outcome(error: GatewayError) -> str:
+    """A failed fetch's metrics label: missing (nothing there), failed (unreachable, refused,
+    too slow) or invalid (what came is not a usable adapter)."""
+    if isinstance(error, AdapterSourceMissing):
+        return "missing"
+    return "failed" if isinstance(error, AdapterSourceFailed) else "invalid"

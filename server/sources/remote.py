@@ -85,7 +85,7 @@ class FetchObserver(Protocol):
 
     def cached(self, scheme: str) -> None: ...
 
-    def failed(self, scheme: str, error_type: str) -> None: ...
+    def failed(self, scheme: str, outcome: str) -> None: ...
 
 
 class NoObserver:
@@ -95,5 +95,5 @@ class NoObserver:
     def cached(self, scheme: str) -> None:
         return None
 
-    def failed(self, scheme: str, error_type: str) -> None:
+    def failed(self, scheme: str, outcome: str) -> None:
         return None

@@ -261,8 +261,9 @@ def test_source_metrics(sources: Sources, data: httpx.Client) -> None:
         for s in family.samples if s.name.endswith("_total")
     }
     assert fetches[("s3", "downloaded")] >= 3
-    assert fetches[("https", "adapter_invalid")] >= 5
-    assert fetches[("s3", "adapter_source_failed")] >= 1
+    assert fetches[("https", "invalid")] >= 5
+    assert fetches[("s3", "failed")] >= 1
+    assert fetches[("s3", "missing")] >= 1
     assert "gateway_adapter_source_fetch_seconds_bucket" in text
 
 
