@@ -2043,6 +2043,11 @@ def c_on_demand_text(results: Results) -> str:
                                  "(register, validate, digest, load)"),
         ("64-on-demand-max-loras-2", "concurrency 16 over 64 dropped-in adapters, max_loras 2, "
                                      "4 cached places"),
+        ("s3-first-request", "one at a time, each named for the first time: looked up in "
+                             "adapterSources (S3 server on loopback), downloaded, checked, loaded"),
+        ("s3-cached", "the same adapters after they were unregistered: a listing, the disk "
+                      "cache, checked, loaded (no download)"),
+        ("s3-resident", "one S3 adapter again and again, loaded in the engine"),
     ):
         chosen = results.select("C", label=label)
         if not chosen:

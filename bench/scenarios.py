@@ -56,6 +56,7 @@ from bench.servers import (
     start_gateway,
     start_vllm,
 )
+from bench.sources import source_windows
 from bench.tools import Profiler, top_functions, vllm_bench_serve
 from bench.wrk import (
     StreamCount,
@@ -821,6 +822,10 @@ def scenario_c(run: Run, plan: Plan) -> None:
         first_requests(run, server, folder, prompts, plan)
         registration_cost(run, server, folder)
     churn_on_demand(run, plan, prompts)
+    s3_folder = RESULTS / "adapters-c-s3"
+    copies = lora_copies(plan.c_single, DEMO / "adapters" / "a1", s3_folder, "s")
+    source_windows(run, replace(engine, max_loras=2, max_cpu_loras=4), prompts, plan.c_single,
+                   copies, s3_folder)
     skewed_mix(run, plan, engine, names, prompts)
 
 

@@ -9,6 +9,7 @@ address). Nothing here is changed after `build_gateway` returns.
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from server.control import openapi
 from server.control import routes as control
 from server.control.grpc_health import health_service
 from server.core import workflows
-from server.core.adapter_files import AdapterRules, BaseModelShape
+from server.core.adapter_files import AdapterRules, BaseModelShape, validate_adapter_dir
 from server.core.adapter_state import SavedAdapter, StateFileError, read_state
 from server.core.adapters import AdapterLimits, AdapterRegistry
 from server.core.admission import Admission, Limits
@@ -42,7 +43,15 @@ from server.http.rpc import AccessInterceptor, GrpcService
 from server.observability import metrics as metrics_routes
 from server.observability.logs import RequestLog
 from server.observability.metrics import GatewayMetrics, LiveState
+from server.observability.shared import multiprocess_dir
+from server.observability.sources import SourceMetrics
 from server.settings import Settings, SettingsError, redacted, resolve_path
+from server.sources.cache import AdapterCache
+from server.sources.fetcher import RemoteSources
+from server.sources.https import HttpsRemote
+from server.sources.hub import HubRemote
+from server.sources.remote import FetchObserver
+from server.sources.s3 import S3Remote
 
 logger = logging.getLogger("gateway")
 
@@ -102,9 +111,13 @@ def build_gateway(
     shutdown = shutdown or Shutdown(lifecycle)
     base_names = _base_names(settings, engine)
     state = settings.lora.state_file
+    rules = adapter_rules(settings, base_names)
+    shared = multiprocess_dir() is not None
+    source_metrics = SourceMetrics(shared=shared)
     adapters = make_adapters(
-        engine=engine, rules=adapter_rules(settings, base_names), limits=_adapter_limits(settings),
+        engine=engine, rules=rules, limits=_adapter_limits(settings),
         state_file=Path(resolve_path(settings, state)) if state else None,
+        fetcher=adapter_fetcher(settings, rules, source_metrics),
     )
     limits = service_limits(settings)
     admission = Admission(limits)
@@ -127,6 +140,9 @@ def build_gateway(
         aliases=settings.model.aliases,
         observer=observer or metrics,
     )
+    if not shared:  # with workers the shared files carry them into every worker's scrape
+        for family in source_metrics.families:
+            registry.register(family)
     registries = metrics.registries
     context = protocol_context(settings, service)
     routes = _routes(settings, context, metrics, registries, shutdown)
@@ -273,12 +289,41 @@ def adapter_rules(settings: Settings, base_names: list[str]) -> AdapterRules:
     lora = settings.lora
     roots = [resolve_path(settings, r) for r in lora.adapter_roots]
     roots += [str(folder) for folder in adapter_folders(settings)]
+    roots.append(str(adapter_cache_dir(settings)))
     model_path = resolve_path(settings, settings.model.weight_path)
     return AdapterRules(
         roots=tuple(roots),
         max_rank=lora.max_lora_rank,
         base_names=frozenset(base_names) | frozenset(settings.model.aliases),
         base_shape=BaseModelShape.from_model_dir(model_path),
+    )
+
+
+def adapter_cache_dir(settings: Settings) -> Path:
+    folder = settings.lora.adapter_cache_dir
+    if folder is None:
+        return Path(tempfile.gettempdir()) / "llm-gateway-adapters"
+    return Path(resolve_path(settings, folder))
+
+
+def adapter_fetcher(
+    settings: Settings, rules: AdapterRules, observer: FetchObserver | None = None
+) -> RemoteSources:
+    """The remote adapter sources and their cache (nothing is fetched before it is named)."""
+    lora = settings.lora
+    budget = int(lora.adapter_cache_gib * 2**30)
+    ca_file = lora.adapter_source_ca_file
+    return RemoteSources(
+        remotes=[
+            S3Remote(budget),
+            HttpsRemote(budget, resolve_path(settings, ca_file) if ca_file else None),
+            HubRemote(),
+        ],
+        cache=AdapterCache(adapter_cache_dir(settings), budget),
+        check=lambda folder: validate_adapter_dir(folder, rules),
+        timeout_s=lora.adapter_source_timeout_s,
+        prefixes=lora.adapter_sources,
+        observer=observer,
     )
 
 

@@ -45,6 +45,7 @@ from server.core.adapter_files import (
     fingerprint,
     inspect_adapter,
 )
+from server.core.adapter_sources import AdapterFetcher
 from server.core.adapter_state import SavedAdapter, write_state
 from server.core.engine import Engine
 from server.core.errors import (
@@ -52,6 +53,7 @@ from server.core.errors import (
     AdapterExists,
     AdapterInvalid,
     AdapterNotFound,
+    AdapterSourceMissing,
     GatewayError,
     LoraDisabled,
     Overloaded,
@@ -203,8 +205,10 @@ class AdapterRegistry:
     def __init__(
         self, *, engine: Engine, rules: AdapterRules, limits: AdapterLimits,
         state_file: Path | None = None,
+        fetcher: AdapterFetcher | None = None,
     ) -> None:
         self._engine = engine
+        self._fetcher = fetcher  # brings remote sources (s3://, https://, hf://) to local folders
         self._state_file = state_file  # where management-API registrations are kept
         self.rules = rules
         self.limits = limits
@@ -244,7 +248,11 @@ class AdapterRegistry:
         """Registered, an alias, or a folder under a discovery dir (served on first use)."""
         if not isinstance(name, str):
             return False
-        return self._aliases.get(name, name) in self._records or self.found(name) is not None
+        return (
+            self._aliases.get(name, name) in self._records
+            or self.found(name) is not None
+            or self._may_fetch(name)
+        )
 
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._records))
@@ -263,6 +271,13 @@ class AdapterRegistry:
             if candidate.is_dir():
                 return candidate
         return None
+
+    def _may_fetch(self, name: str) -> bool:
+        """Whether a request's unknown `name` is looked up in `adapterSources` (on first use)."""
+        return (
+            self._fetcher is not None and bool(self._fetcher.prefixes) and self.limits.on_demand
+            and bool(NAME_PATTERN.match(name)) and name not in self.rules.base_names
+        )
 
     def failures(self) -> dict[str, Failure]:
         """Folder adapters that were refused, with the reason (shown by describe)."""
@@ -435,14 +450,14 @@ class AdapterRegistry:
         requests share one registration. A refused folder stays refused (AdapterInvalid with
         its reason) until its files change. Raises AdapterNotFound when there is no folder."""
         path = self.found(name)
-        if path is None:
+        if path is None and not self._may_fetch(name):
             raise AdapterNotFound(f"The model `{requested}` does not exist.")
-        failure = self._still_refused(name, path)
-        if failure is not None:
+        if path is not None and (failure := self._still_refused(name, path)) is not None:
             raise AdapterInvalid(failure.reason, param="model")
         pending = self._discovering.get(name)
         if pending is None:
-            pending = asyncio.ensure_future(self._register_found(name, path))
+            found = self._register_found(name, path) if path else self._register_remote(name)
+            pending = asyncio.ensure_future(found)
             self._discovering[name] = pending
             pending.add_done_callback(lambda _: self._discovering.pop(name, None))
         await asyncio.shield(pending)
@@ -466,13 +481,28 @@ class AdapterRegistry:
             raise
         logger.info("adapter %s registered from its folder %s", name, path)
 
+    async def _register_remote(self, name: str) -> None:
+        """Register `name` from the first `adapterSources` prefix that has it."""
+        assert self._fetcher is not None
+        for prefix in self._fetcher.prefixes:
+            src = prefix.replace("{name}", name) if "{name}" in prefix else prefix + name
+            try:
+                await self.register(name, src, preload=False, origin="source")
+            except AdapterSourceMissing:
+                continue
+            except AdapterExists:
+                return  # registered meanwhile
+            logger.info("adapter %s registered from %s", name, src)
+            return
+        raise AdapterNotFound(f"The model `{name}` does not exist.")
+
     async def reload_changed(self, name: str) -> AdapterRecord:
         """Re-read an adapter whose files changed on disk: same contents, same record; other
         contents, a new record with a new engine identity (the old one finishes its requests
         and leaves). Raises AdapterInvalid if the files are no longer a valid adapter."""
         async with self._lock:
             old = self.get(name)
-            files = await self._inspect(old.handle.path)
+            files = await self._inspect(self._source_of(old))
             if files.digest == old.digest:
                 old.fingerprint = files.fingerprint
                 return old
@@ -493,7 +523,7 @@ class AdapterRegistry:
         path = Path(record.handle.path)
         if fingerprint(path) == record.fingerprint:
             return
-        files = await self._inspect(record.handle.path)
+        files = await self._inspect(self._source_of(record))
         if files.digest != record.digest:
             record.handle = AdapterHandle(
                 name=record.name, int_id=self._id_for(files.digest), path=str(files.path)
@@ -798,7 +828,17 @@ class AdapterRegistry:
         return self._ids[digest]
 
     async def _inspect(self, src: object) -> AdapterFiles:
+        if isinstance(src, str) and self._fetcher is not None and self._fetcher.is_remote(src):
+            self._fetcher.keep({Path(r.handle.path) for r in self._all_records()
+                                if r.resident or r.pin})
+            src = str(await self._fetcher.fetch(src))
         return await asyncio.to_thread(inspect_adapter, src, self.rules)
+
+    def _source_of(self, record: AdapterRecord) -> str:
+        """Where to read a record's files again: its remote source (the cached copy may have
+        been evicted), else its folder."""
+        remote = self._fetcher is not None and self._fetcher.is_remote(record.src)
+        return record.src if remote else record.handle.path
 
     def _check_free(self, name: str) -> None:
         if name in self._records or name in self._aliases:

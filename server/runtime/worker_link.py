@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from server.core.adapter_files import AdapterRules
+from server.core.adapter_sources import AdapterFetcher
 from server.core.adapters import (
     AdapterLimits,
     AdapterRecord,
@@ -348,9 +349,10 @@ class MirrorRegistry(AdapterRegistry):
 
     def __init__(
         self, *, engine: Engine, rules: AdapterRules, limits: AdapterLimits,
-        state_file: Path | None = None, link_path: Path,
+        state_file: Path | None = None, fetcher: AdapterFetcher | None = None, link_path: Path,
     ) -> None:
-        super().__init__(engine=engine, rules=rules, limits=limits, state_file=None)
+        # the fetcher tells which names sources may hold; the owner does every fetch
+        super().__init__(engine=engine, rules=rules, limits=limits, fetcher=fetcher)
         del state_file  # the owner keeps it
         self.link = OwnerLink(link_path, self.show)
         self._leases: dict[int, int] = {}  # id(handle) -> the owner's lease

@@ -115,6 +115,11 @@ ALIASES: Final[dict[str, tuple[str, ...]]] = {
     "LoraConfig.onDemand": ("lora.on_demand",),
     "LoraConfig.adapterDirRefresh": ("lora.adapter_dir_refresh_s",),
     "LoraConfig.stateFile": ("lora.state_file",),
+    "LoraConfig.adapterSources": ("lora.adapter_sources",),
+    "LoraConfig.adapterCacheDir": ("lora.adapter_cache_dir",),
+    "LoraConfig.adapterCacheGiB": ("lora.adapter_cache_gib",),
+    "LoraConfig.adapterSourceTimeout": ("lora.adapter_source_timeout_s",),
+    "LoraConfig.adapterSourceCaFile": ("lora.adapter_source_ca_file",),
     "LimitsConfig.maxConcurrentRequests": ("limits.max_concurrent_requests",),
     "LimitsConfig.maxQueue": ("limits.max_queue",),
     "LimitsConfig.fairAdmission": ("limits.fair_admission",),
@@ -579,7 +584,10 @@ def _redact(node: Any) -> Any:
 
 
 def resolve_path(settings: Settings, path: str) -> str:
-    """`path` if absolute, else relative to the folder of config.json (`settings.base_dir`)."""
+    """`path` if absolute or a URL (`s3://…`), else relative to the folder of config.json
+    (`settings.base_dir`)."""
+    if "://" in path:
+        return path
     candidate = Path(path)
     return str(candidate if candidate.is_absolute() else Path(settings.base_dir) / candidate)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 LISTENER_ROLES = ("data", "management", "metrics", "grpc")
 
@@ -123,6 +123,23 @@ class LoraSettings(_Section):
     on_demand: bool = True
     adapter_dir_refresh_s: float = Field(5.0, ge=0)
     state_file: str | None = None  # runtime registrations survive restarts when set
+    # remote adapter sources: prefixes (s3://, https://…/{name}.tar.gz, hf://) where a request's
+    # unknown adapter name is looked up on first use, the local cache of what was fetched, its
+    # size budget, the time bound of one fetch (retries included) and the CA bundle for https
+    adapter_sources: list[str] = Field(default_factory=list)
+    adapter_cache_dir: str | None = None  # None: llm-gateway-adapters in the system temp dir
+    adapter_cache_gib: float = Field(20.0, gt=0)
+    adapter_source_timeout_s: float = Field(20.0, gt=0, le=600)
+    adapter_source_ca_file: str | None = None
+
+    @field_validator("adapter_sources")
+    @classmethod
+    def _known_schemes(cls, prefixes: list[str]) -> list[str]:
+        for prefix in prefixes:
+            if not prefix.startswith(("s3://", "https://", "hf://")):
+                raise ValueError(f"adapter_sources entry {prefix!r} must start with s3://, "
+                                 "https:// or hf://")
+        return prefixes
 
     @model_validator(mode="after")
     def _cpu_cache_holds_slots(self) -> LoraSettings:

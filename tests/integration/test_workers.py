@@ -16,11 +16,13 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.integration.sources_kit import S3_ENV, MotoServer
 from tests.integration.traffic import (
     Outcome,
     async_management_client,
@@ -43,10 +45,25 @@ WAIT_S = 120.0
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with running_server(
-        tmp_path_factory.mktemp("workers"), overrides=WORKERS, environ=PINNED
-    ) as running:
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """An S3 server whose adapters the workers' server finds through `adapterSources`."""
+    moto = MotoServer(tmp_path_factory.mktemp("moto"))
+    moto.start()
+    try:
+        moto.upload("adapters", "team1/w-a2", DEMO / "adapters" / "a2")
+        yield moto
+    finally:
+        moto.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, s3: MotoServer) -> Iterator[RunningServer]:
+    folder = tmp_path_factory.mktemp("workers")
+    sources = {"LoraConfig": {"adapterSources": ["s3://adapters/team1/"],
+                              "adapterCacheDir": str(folder / "cache")}}
+    environ = {**PINNED, **S3_ENV, "AWS_ENDPOINT_URL_S3": s3.url}
+    with running_server(folder, overrides={**WORKERS, **sources}, environ=environ,
+                        ready_timeout=600) as running:
         yield running
 
 
@@ -55,6 +72,23 @@ def fresh_connections(server: RunningServer) -> httpx.Client:
     (each accepted connection lands on whichever worker accepts it first)."""
     limits = httpx.Limits(max_keepalive_connections=0)
     return httpx.Client(base_url=server.url, timeout=60, limits=limits)
+
+
+def test_first_requests_on_both_workers_fetch_a_source_adapter_once(
+    server: RunningServer, s3: MotoServer
+) -> None:
+    """Sixteen first requests over both workers for an adapter only the S3 server has: one
+    download of each object (the registry's owner fetches for every worker), one answer."""
+    body = {"model": "w-a2", "prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0}
+    with fresh_connections(server) as client, ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: client.post("/v1/completions", json=body), range(16)))
+        reference = client.post("/v1/completions", json={**body, "model": "a2"})
+    assert {a.status_code for a in answers} == {200}
+    assert {a.json()["choices"][0]["text"] for a in answers} == {
+        reference.json()["choices"][0]["text"]
+    }
+    for file in ("adapter_config.json", "adapter_model.safetensors"):
+        assert s3.gets(f"team1/w-a2/{file}") == 1
 
 
 def completion(http: httpx.Client, model: str) -> tuple[str, str]:

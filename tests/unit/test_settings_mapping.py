@@ -50,7 +50,9 @@ DEFAULTS: dict[str, Any] = {
         "enabled": True, "maxLoras": 2, "maxLoraRank": 8, "maxCpuLoras": 4, "loraDtype": "auto",
         "fullyShardedLoras": False, "adapterDir": "build/demo/adapters", "adapterRoots": [],
         "adapters": [], "workflows": [], "allowRuntimeUpdates": True, "onDemand": True,
-        "adapterDirRefresh": 5.0, "stateFile": None,
+        "adapterDirRefresh": 5.0, "stateFile": None, "adapterSources": [],
+        "adapterCacheDir": None, "adapterCacheGiB": 20.0, "adapterSourceTimeout": 20.0,
+        "adapterSourceCaFile": None,
     },
     "LimitsConfig": {
         "maxConcurrentRequests": 256, "maxQueue": 512, "fairAdmission": True,

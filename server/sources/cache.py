@@ -1,0 +1,141 @@
+"""The local adapter cache: complete, validated adapter folders named by their content digest.
+
+A download is staged under `.staging/` and renamed to `<digest>/` only once it is complete and
+valid, so a partial download is never served, listed or reused. `keys/` maps a source's identity
+(its location and version) to a digest, so a restart reuses what was fetched before. Entries are
+evicted least recently used (folder mtime) beyond the size budget, never one the registry keeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+logger = logging.getLogger("gateway.sources")
+
+STAGING = ".staging"
+KEYS = "keys"
+
+
+class AdapterCache:
+    def __init__(self, root: Path, budget_bytes: int) -> None:
+        self.root = root
+        self.budget_bytes = budget_bytes
+        self._kept: frozenset[Path] = frozenset()
+        self._lock = threading.Lock()
+        (root / STAGING).mkdir(parents=True, exist_ok=True)
+        (root / KEYS).mkdir(exist_ok=True)
+        self._clear_staging()
+
+    def lookup(self, key: str) -> Path | None:
+        """The cached folder for a source identity, if it is still there (marked as used)."""
+        try:
+            digest = (self.root / KEYS / _key_name(key)).read_text().strip()
+        except OSError:
+            return None
+        folder = self.root / digest
+        if not digest or not folder.is_dir():
+            return None
+        _touch(folder)
+        return folder
+
+    def stage(self) -> Path:
+        """A new empty folder to download into (removed by `discard` or moved by `commit`)."""
+        return Path(tempfile.mkdtemp(dir=self.root / STAGING))
+
+    def discard(self, staged: Path) -> None:
+        shutil.rmtree(staged, ignore_errors=True)
+
+    def commit(self, key: str | None, folder: Path, digest: str) -> Path:
+        """Move a complete, validated folder to its digest's place (kept if one is there) and
+        remember `key` for it; then evict beyond the budget."""
+        target = self.root / digest
+        with self._lock:
+            if target.is_dir():
+                shutil.rmtree(folder, ignore_errors=True)
+            else:
+                _fsync_tree(folder)
+                os.replace(folder, target)
+                _fsync_dir(self.root)
+            _touch(target)
+            if key is not None:
+                _write_atomic(self.root / KEYS / _key_name(key), digest)
+        self.evict(keep=target)
+        return target
+
+    def keep(self, folders: set[Path]) -> None:
+        self._kept = frozenset(folder.resolve() for folder in folders)
+
+    def evict(self, keep: Path | None = None) -> None:
+        """Remove least recently used entries until the cache fits its budget."""
+        with self._lock:
+            entries = sorted(self._entries(), key=lambda e: e[1])
+            total = sum(size for _, _, size in entries)
+            protected = self._kept | ({keep.resolve()} if keep else set())
+            for folder, _, size in entries:
+                if total <= self.budget_bytes:
+                    break
+                if folder.resolve() in protected:
+                    continue
+                shutil.rmtree(folder, ignore_errors=True)
+                total -= size
+                logger.info("adapter cache: evicted %s (%d bytes)", folder.name, size)
+
+    def size(self) -> int:
+        return sum(size for _, _, size in self._entries())
+
+    def _entries(self) -> list[tuple[Path, float, int]]:
+        found = []
+        for entry in self.root.iterdir():
+            if entry.name in (STAGING, KEYS) or not entry.is_dir():
+                continue
+            with contextlib.suppress(OSError):
+                size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+                found.append((entry, entry.stat().st_mtime, size))
+        return found
+
+    def _clear_staging(self) -> None:
+        """Downloads a previous process left unfinished are never resumed or served."""
+        for entry in (self.root / STAGING).iterdir():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _key_name(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _touch(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.utime(folder)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    temporary = path.with_suffix(".tmp")
+    with temporary.open("w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for file in folder.rglob("*"):
+        if file.is_file():
+            with file.open("rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
