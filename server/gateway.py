@@ -9,6 +9,8 @@ address). Nothing here is changed after `build_gateway` returns.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,10 +31,12 @@ from server.core.adapter_files import AdapterRules, BaseModelShape
 from server.core.adapter_state import SavedAdapter, StateFileError, read_state
 from server.core.adapters import AdapterLimits, AdapterRegistry
 from server.core.admission import Admission, Limits
+from server.core.composition import Composition
 from server.core.engine import Engine
 from server.core.lifecycle import Lifecycle, Shutdown, State
 from server.core.service import InferenceService
 from server.core.stream import RequestObserver
+from server.engines.lora_merge import NumpyComposer
 from server.http.app import Fallback, ListenerApp
 from server.http.auth import Keyring
 from server.http.context import ProtocolContext, RequestBounds
@@ -105,6 +109,10 @@ def build_gateway(
     adapters = make_adapters(
         engine=engine, rules=adapter_rules(settings, base_names), limits=_adapter_limits(settings),
         state_file=Path(resolve_path(settings, state)) if state else None,
+    )
+    adapters.composition = Composition(
+        NumpyComposer(), merged_adapter_dir(settings),
+        max_entries=settings.lora.max_merged_adapters,
     )
     limits = service_limits(settings)
     admission = Admission(limits)
@@ -273,6 +281,7 @@ def adapter_rules(settings: Settings, base_names: list[str]) -> AdapterRules:
     lora = settings.lora
     roots = [resolve_path(settings, r) for r in lora.adapter_roots]
     roots += [str(folder) for folder in adapter_folders(settings)]
+    roots.append(str(merged_adapter_dir(settings)))
     model_path = resolve_path(settings, settings.model.weight_path)
     return AdapterRules(
         roots=tuple(roots),
@@ -280,6 +289,18 @@ def adapter_rules(settings: Settings, base_names: list[str]) -> AdapterRules:
         base_names=frozenset(base_names) | frozenset(settings.model.aliases),
         base_shape=BaseModelShape.from_model_dir(model_path),
     )
+
+
+def merged_adapter_dir(settings: Settings) -> Path:
+    """Where composed adapters are cached: `mergedAdapterDir`, else `merged-adapters` next to
+    the state file, else in the system's temporary folder (content-addressed and written
+    atomically, so servers may share it)."""
+    lora = settings.lora
+    if lora.merged_adapter_dir:
+        return Path(resolve_path(settings, lora.merged_adapter_dir))
+    if lora.state_file:
+        return Path(resolve_path(settings, lora.state_file)).parent / "merged-adapters"
+    return Path(tempfile.gettempdir()) / f"llm-gateway-{os.getuid()}" / "merged-adapters"
 
 
 def service_limits(settings: Settings) -> Limits:

@@ -115,6 +115,8 @@ ALIASES: Final[dict[str, tuple[str, ...]]] = {
     "LoraConfig.onDemand": ("lora.on_demand",),
     "LoraConfig.adapterDirRefresh": ("lora.adapter_dir_refresh_s",),
     "LoraConfig.stateFile": ("lora.state_file",),
+    "LoraConfig.mergedAdapterDir": ("lora.merged_adapter_dir",),
+    "LoraConfig.maxMergedAdapters": ("lora.max_merged_adapters",),
     "LimitsConfig.maxConcurrentRequests": ("limits.max_concurrent_requests",),
     "LimitsConfig.maxQueue": ("limits.max_queue",),
     "LimitsConfig.fairAdmission": ("limits.fair_admission",),

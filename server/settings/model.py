@@ -123,6 +123,11 @@ class LoraSettings(_Section):
     on_demand: bool = True
     adapter_dir_refresh_s: float = Field(5.0, ge=0)
     state_file: str | None = None  # runtime registrations survive restarts when set
+    # adapters composed per request (`merged_adapters`): where their folders are cached (None:
+    # `merged-adapters` next to the state file, else in the system's temporary folder) and
+    # how many stay registered at once (the least recently used idle one goes first)
+    merged_adapter_dir: str | None = None
+    max_merged_adapters: int = Field(32, ge=1)
 
     @model_validator(mode="after")
     def _cpu_cache_holds_slots(self) -> LoraSettings:

@@ -50,7 +50,8 @@ DEFAULTS: dict[str, Any] = {
         "enabled": True, "maxLoras": 2, "maxLoraRank": 8, "maxCpuLoras": 4, "loraDtype": "auto",
         "fullyShardedLoras": False, "adapterDir": "build/demo/adapters", "adapterRoots": [],
         "adapters": [], "workflows": [], "allowRuntimeUpdates": True, "onDemand": True,
-        "adapterDirRefresh": 5.0, "stateFile": None,
+        "adapterDirRefresh": 5.0, "stateFile": None, "mergedAdapterDir": None,
+        "maxMergedAdapters": 32,
     },
     "LimitsConfig": {
         "maxConcurrentRequests": 256, "maxQueue": 512, "fairAdmission": True,
