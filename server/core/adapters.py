@@ -241,6 +241,10 @@ class AdapterRegistry:
     def merged_names(self) -> set[str]:
         return {r.name for r in self.merged_records()}
 
+    def paths_in_use(self) -> set[str]:
+        """The folders of every adapter registered, or unregistered but still in the engine."""
+        return {r.handle.path for r in self._all_records()}
+
     def get(self, name: str) -> AdapterRecord:
         record = self._records.get(name)
         if record is None:

@@ -10,7 +10,9 @@ under the name `merged-<digest>`. The same composition asked again costs a dicti
 Composed adapters are internal: they are not listed as models or adapters, no request can name
 them, they are not kept in the state file; per-adapter metrics show them by that name. At most
 `max_entries` stay registered: the least recently used idle one is unregistered first (its folder
-stays in the cache, so asking for it again re-registers it without composing).
+stays in the cache, so asking for it again re-registers it without composing). The cache holds at
+most `CACHED_PER_ENTRY * max_entries` folders: the oldest that no registered or still loaded
+adapter uses are deleted (a composition whose folder went is composed again).
 
 Only `linear` is served: Σ wᵢ·(αᵢ/rᵢ)·BᵢAᵢ exactly (rank concatenation). LoRAX's `ties`,
 `dare_linear` and `dare_ties` trim, sample or elect signs over the dense weight change: their
@@ -24,6 +26,7 @@ import hashlib
 import json
 import logging
 import math
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +55,7 @@ SIGN_METHODS = ("total", "frequency")
 MERGED_ORIGIN = "merged"  # AdapterRecord.origin of a composed adapter
 MERGED_PREFIX = "merged-"
 MAX_MERGED_IDS = 16
+CACHED_PER_ENTRY = 4  # folders kept in the cache per registered composed adapter
 _FORMAT = 1  # of the composed files: a change of the math gets new cache entries
 
 
@@ -176,7 +180,9 @@ class Composition:
         key = merge_key([r.digest for r in records], merge)
         name = MERGED_PREFIX + key[:16]
         if name in registry.merged_names():
-            return name
+            if (self.folder / key / CONFIG_FILE).is_file():
+                return name
+            await registry.unregister(name)  # its folder was deleted: compose it again
         pending = self._building.get(key)
         if pending is None:
             inputs = [
@@ -214,6 +220,7 @@ class Composition:
                 ) from None
             logger.info("adapter %s composed from %s", name, [(i.name, i.weight) for i in inputs])
         await self._make_room(registry, keep=name)
+        await asyncio.to_thread(self._prune, registry.paths_in_use() | {str(out_dir.resolve())})
         try:
             await registry.register(name, str(out_dir), preload=False, origin=MERGED_ORIGIN)
         except AdapterExists:
@@ -226,6 +233,20 @@ class Composition:
     def _write(self, inputs: Sequence[MergeInput], out_dir: Path) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._composer.compose(inputs, out_dir)
+
+    def _prune(self, in_use: set[str]) -> None:
+        """Delete the oldest cached folders beyond the bound that nothing uses."""
+        entries = sorted(
+            (p for p in self.folder.iterdir() if p.is_dir() and not p.name.startswith(".")),
+            key=lambda p: p.stat().st_mtime,
+        )
+        excess = len(entries) - CACHED_PER_ENTRY * self.max_entries
+        for entry in entries:
+            if excess <= 0:
+                return
+            if str(entry.resolve()) not in in_use:
+                shutil.rmtree(entry, ignore_errors=True)
+                excess -= 1
 
     async def _make_room(self, registry: AdapterRegistry, *, keep: str) -> None:
         """Unregister least recently used idle composed adapters beyond `max_entries - 1`."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +253,21 @@ async def test_refusals(registry: AdapterRegistry) -> None:
     registry.composition = None
     with pytest.raises(LoraDisabled):
         await registry.compose(AdapterMerge(ids=("a1",), weights=(1.0,)))
+
+
+async def test_the_cache_folder_is_bounded_and_a_lost_folder_is_composed_again(
+    registry: AdapterRegistry, tmp_path: Path,
+) -> None:
+    cache = tmp_path / "merged"
+    for weight in range(1, 12):
+        await registry.compose(AdapterMerge(ids=("a1",), weights=(float(weight),)))
+    folders = {str(p.resolve()) for p in cache.iterdir()}
+    assert len(folders) == 4 * 2  # CACHED_PER_ENTRY * max_entries
+    assert {r.handle.path for r in registry.merged_records()} <= folders
+    merge = AdapterMerge(ids=("a2",), weights=(1.0,))
+    name = await registry.compose(merge)
+    shutil.rmtree(registry.get(name).handle.path)
+    assert await registry.compose(merge) == name
+    handle = await registry.acquire_merged(merge)
+    assert (Path(handle.path) / "adapter_config.json").is_file()
+    registry.release(handle)
