@@ -25,6 +25,8 @@ from tests.serverproc import DEMO, RunningServer, running_server
 pytestmark = pytest.mark.engine
 
 MERGE = {"ids": ["a1", "a2"], "weights": [0.7, 0.3], "merge_strategy": "linear"}
+# as LoRAX's Python client sends it (MergedAdapters: every field, density required)
+LORAX_CLIENT_MERGE = {**MERGE, "density": 0.0, "majority_sign_method": None}
 PROMPT = "once upon a time the gateway"
 TOKENS = 12
 CHAT = [{"role": "user", "content": "tell me about the lora cache"}]
@@ -109,7 +111,7 @@ def test_merged_output_equals_peft_cat_reference(
     reference = tgi(http, adapter_id="ref")
     assert reference not in {tgi(http), tgi(http, adapter_id="a1"), tgi(http, adapter_id="a2")}
     assert tgi(http, merged_adapters=MERGE) == reference
-    assert tgi_stream(http, merged_adapters=MERGE) == reference
+    assert tgi_stream(http, merged_adapters=LORAX_CLIENT_MERGE, adapter_id=None) == reference
     for stream in (False, True):
         assert completion(oai, "tiny", stream=stream, merged_adapters=MERGE) == (
             completion(oai, "ref", stream=stream)

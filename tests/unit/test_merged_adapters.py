@@ -27,7 +27,8 @@ from server.core.errors import (
 from server.core.types import AdapterMerge
 from server.engines.fake import FakeEngine
 from server.engines.lora_merge import NumpyComposer, read_adapter, vllm_scaling
-from tests.unit.demo_kit import SHAPE, WIDTHS, write_adapter
+from tests.unit.demo_kit import SHAPE, WIDTHS, unit_demo, write_adapter
+from tests.unit.gateway_kit import client, make_gateway
 
 pytestmark = pytest.mark.anyio
 PREFIX = "base_model.model.model.layers"
@@ -271,3 +272,43 @@ async def test_the_cache_folder_is_bounded_and_a_lost_folder_is_composed_again(
     handle = await registry.acquire_merged(merge)
     assert (Path(handle.path) / "adapter_config.json").is_file()
     registry.release(handle)
+
+
+# ---- the protocols, in process on the fake engine ----------------------------------------------
+async def test_tgi_and_openai_carry_merged_adapters(tmp_path: Path) -> None:
+    demo = unit_demo()
+    gateway = make_gateway(overrides={"LoraConfig": {
+        "adapterDir": str(demo / "adapters"), "adapterRoots": [str(demo)], "maxLoraRank": 16,
+        "mergedAdapterDir": str(tmp_path / "merged"),
+    }})
+    merge = {"ids": ["a1", "a2"], "weights": [0.5, 0.5]}
+    async with client(gateway, "data") as http:
+        body = {"inputs": "hi", "parameters": {"max_new_tokens": 2, "merged_adapters": merge}}
+        response = await http.post("/generate", json=body)
+        assert response.status_code == 200, response.text
+        [record] = gateway.adapters.merged_records()
+        assert record.requests == 1
+        response = await http.post("/v1/completions", json={
+            "model": "tiny", "prompt": "hi", "max_tokens": 2, "merged_adapters": merge})
+        assert response.status_code == 200, response.text
+        assert response.json()["model"] == "tiny" and record.requests == 2
+        response = await http.post("/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "merged_adapters": merge, "stream": True})
+        assert response.status_code == 200 and record.requests == 3
+        models = (await http.get("/v1/models")).json()["data"]
+        assert record.name not in {m["id"] for m in models}
+        response = await http.post("/v1/completions", json={
+            "model": record.name, "prompt": "hi", "max_tokens": 2})
+        assert response.status_code == 404  # not a name clients can use
+        response = await http.post("/v1/completions", json={
+            "model": "a1", "prompt": "hi", "merged_adapters": merge})
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == "merged_adapters"
+        body["parameters"]["merged_adapters"] = {"ids": ["a1"], "weights": [None]}
+        response = await http.post("/generate", json=body)
+        assert response.status_code == 422
+        assert response.json() == {
+            "error": "Input validation error: `weights` must be a list of finite numbers",
+            "error_type": "validation",
+        }
