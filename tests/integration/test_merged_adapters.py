@@ -20,7 +20,15 @@ import openai
 import pytest
 
 from tests.integration.traffic import sse_payloads
-from tests.serverproc import DEMO, RunningServer, running_server
+from tests.serverproc import (
+    DEMO,
+    RunningServer,
+    base_config,
+    ensure_assets,
+    merge,
+    start_server,
+    wait_ready,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -48,17 +56,22 @@ def peft_reference(out: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Path]]:
+    """The server starts while peft builds the reference (both take tens of seconds)."""
     folder = tmp_path_factory.mktemp("merged")
-    reference = peft_reference(folder / "reference")
-    overrides = {"LoraConfig": {
+    ensure_assets()
+    running = start_server(folder, merge(base_config(), {"LoraConfig": {
         "maxLoraRank": 16, "adapterRoots": [str(DEMO), str(folder / "reference")],
         "mergedAdapterDir": str(folder / "cache"),
-    }}
-    with running_server(folder, overrides=overrides) as running:
+    }}))
+    try:
+        reference = peft_reference(folder / "reference")
+        wait_ready(running, 300)
         response = httpx.post(f"{running.url}/v1/load_lora_adapter", timeout=60,
                               json={"lora_name": "ref", "lora_path": str(reference)})
         assert response.status_code == 200, response.text
         yield running, folder / "cache"
+    finally:
+        running.stop()
 
 
 @pytest.fixture(scope="module")
