@@ -65,7 +65,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningSe
     }}))
     try:
         reference = peft_reference(folder / "reference")
-        wait_ready(running, 300)
+        wait_ready(running, 240)
         response = httpx.post(f"{running.url}/v1/load_lora_adapter", timeout=60,
                               json={"lora_name": "ref", "lora_path": str(reference)})
         assert response.status_code == 200, response.text
