@@ -150,14 +150,12 @@ def _choice(value: object, allowed: tuple[str, ...], default: str, param: str) -
 
 
 def merge_key(digests: Sequence[str], merge: AdapterMerge) -> str:
-    """The composed adapter's identity: the inputs' contents, their exact weights, the
-    strategy (and its knobs)."""
+    """The composed adapter's identity: the inputs' contents, their exact weights and the
+    strategy (`density` and `majority_sign_method` do not change a `linear` result)."""
     spec = {
         "format": _FORMAT,
         "strategy": merge.strategy,
         "inputs": [[d, w.hex()] for d, w in zip(digests, merge.weights, strict=True)],
-        "density": merge.density.hex(),
-        "majority_sign_method": merge.majority_sign_method,
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 

@@ -134,7 +134,7 @@ class ParseSpec:
 class AdapterMerge:
     """Adapters composed for one request (LoRAX's `merged_adapters`): `ids` weighted by
     `weights`, combined by `strategy`. `density` and `majority_sign_method` are LoRAX's knobs
-    of its other strategies, kept as sent (they select a different composed adapter)."""
+    of its other strategies, checked and kept as sent."""
 
     ids: tuple[str, ...]
     weights: tuple[float, ...]
