@@ -220,7 +220,9 @@ class InferenceService:
     def _queue_key(self, request: GenerationRequest) -> str:
         """The admission queue a request waits in: its adapter's registered name (a workflow
         alias shares its adapter's), "" for the base model; an unknown name (refused once
-        admitted) its own."""
+        admitted) its own; a composition its adapters' names joined by "+" (never a name)."""
+        if request.merge is not None:
+            return "+".join(self.adapters.canonical(n) for n in request.merge.ids)
         name = request.model
         if not name or name in self.base_names:
             return ""
