@@ -134,10 +134,12 @@ def _weights(value: object, count: int, param: str) -> tuple[float, ...]:
 
 
 def _is_number(value: object) -> bool:
-    return (
-        isinstance(value, int | float) and not isinstance(value, bool)
-        and math.isfinite(value)
-    )
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an integer beyond float range
+        return False
 
 
 def _choice(value: object, allowed: tuple[str, ...], default: str, param: str) -> str:

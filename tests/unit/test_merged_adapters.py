@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
 from server.core.adapter_files import AdapterRules, inspect_adapter
@@ -185,6 +187,30 @@ def test_wire_defaults() -> None:
 def test_bad_wire_objects(value: object, message: str) -> None:
     with pytest.raises(InvalidRequest, match=message):
         merge_from_wire(value)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=4),
+    max_leaves=12,
+)
+WIRE = st.fixed_dictionaries({}, optional={
+    "ids": JSON | st.lists(st.sampled_from(["a1", "a2", ""]), max_size=3),
+    "weights": JSON | st.lists(st.floats() | st.integers(), max_size=3),
+    "merge_strategy": JSON | st.sampled_from(["linear", "ties", "LINEAR"]),
+    "density": JSON, "majority_sign_method": JSON | st.sampled_from(["total", "frequency"]),
+})
+
+
+@given(value=JSON | WIRE)
+def test_any_json_is_a_merge_or_a_client_error(value: object) -> None:
+    try:
+        merge = merge_from_wire(value)
+    except InvalidRequest:
+        return
+    assert merge.strategy == "linear" and len(merge.weights) == len(merge.ids) >= 1
+    assert all(math.isfinite(w) for w in merge.weights)
 
 
 @pytest.mark.parametrize("strategy", ["ties", "dare_linear", "dare_ties"])
