@@ -238,8 +238,10 @@ class AdapterRegistry:
         """The composed adapters registered now (server/core/composition.py)."""
         return [r for r in self._records.values() if r.origin == MERGED_ORIGIN]
 
-    def merged_names(self) -> set[str]:
-        return {r.name for r in self.merged_records()}
+    def is_merged(self, name: str) -> bool:
+        """Whether `name` is a composed adapter registered now."""
+        record = self._records.get(name)
+        return record is not None and record.origin == MERGED_ORIGIN
 
     def paths_in_use(self) -> set[str]:
         """The folders of every adapter registered, or unregistered but still in the engine."""

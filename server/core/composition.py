@@ -179,7 +179,7 @@ class Composition:
         self._check_rank(records, registry.rules.max_rank)
         key = merge_key([r.digest for r in records], merge)
         name = MERGED_PREFIX + key[:16]
-        if name in registry.merged_names():
+        if registry.is_merged(name):
             if (self.folder / key / CONFIG_FILE).is_file():
                 return name
             await registry.unregister(name)  # its folder was deleted: compose it again
@@ -224,7 +224,7 @@ class Composition:
         try:
             await registry.register(name, str(out_dir), preload=False, origin=MERGED_ORIGIN)
         except AdapterExists:
-            if name not in registry.merged_names():
+            if not registry.is_merged(name):
                 raise  # a management call took the name: say so
         except GatewayError as exc:  # not expected: the composer writes what validation takes
             logger.error("the merged adapter %s was refused: %s", name, exc.message)
