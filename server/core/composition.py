@@ -22,6 +22,7 @@ result is not low-rank (and DARE is random), so no adapter can carry it exactly;
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -182,7 +183,8 @@ class Composition:
         if registry.is_merged(name):
             if (self.folder / key / CONFIG_FILE).is_file():
                 return name
-            await registry.unregister(name)  # its folder was deleted: compose it again
+            with contextlib.suppress(AdapterNotFound):  # another request did it first
+                await registry.unregister(name)  # its folder was deleted: compose it again
         pending = self._building.get(key)
         if pending is None:
             inputs = [
@@ -236,10 +238,14 @@ class Composition:
 
     def _prune(self, in_use: set[str]) -> None:
         """Delete the oldest cached folders beyond the bound that nothing uses."""
-        entries = sorted(
-            (p for p in self.folder.iterdir() if p.is_dir() and not p.name.startswith(".")),
-            key=lambda p: p.stat().st_mtime,
-        )
+        try:
+            entries = sorted(
+                (p for p in self.folder.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                key=lambda p: p.stat().st_mtime,
+            )
+        except OSError:  # a folder deleted meanwhile (servers may share the cache)
+            logger.warning("the composition cache %s could not be listed", self.folder)
+            return
         excess = len(entries) - CACHED_PER_ENTRY * self.max_entries
         for entry in entries:
             if excess <= 0:
