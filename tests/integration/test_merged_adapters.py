@@ -30,7 +30,9 @@ from tests.serverproc import (
     wait_ready,
 )
 
-pytestmark = pytest.mark.engine
+# the first test's set-up starts a vLLM server and builds the peft reference: minutes on a
+# busy machine
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
 MERGE = {"ids": ["a1", "a2"], "weights": [0.7, 0.3], "merge_strategy": "linear"}
 # as LoRAX's Python client sends it (MergedAdapters: every field, density required)
@@ -65,7 +67,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningSe
     }}))
     try:
         reference = peft_reference(folder / "reference")
-        wait_ready(running, 240)
+        wait_ready(running, 480)
         response = httpx.post(f"{running.url}/v1/load_lora_adapter", timeout=60,
                               json={"lora_name": "ref", "lora_path": str(reference)})
         assert response.status_code == 200, response.text
