@@ -9,6 +9,7 @@ address). Nothing here is changed after `build_gateway` returns.
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -30,10 +31,12 @@ from server.core.adapter_files import AdapterRules, BaseModelShape, validate_ada
 from server.core.adapter_state import SavedAdapter, StateFileError, read_state
 from server.core.adapters import AdapterLimits, AdapterRegistry
 from server.core.admission import Admission, Limits
+from server.core.composition import Composition
 from server.core.engine import Engine
 from server.core.lifecycle import Lifecycle, Shutdown, State
 from server.core.service import InferenceService
 from server.core.stream import RequestObserver
+from server.engines.lora_merge import NumpyComposer
 from server.http.app import Fallback, ListenerApp
 from server.http.auth import Keyring
 from server.http.context import ProtocolContext, RequestBounds
@@ -119,6 +122,10 @@ def build_gateway(
         state_file=Path(resolve_path(settings, state)) if state else None,
         fetcher=adapter_fetcher(settings, rules, source_metrics),
     )
+    adapters.composition = Composition(
+        NumpyComposer(), merged_adapter_dir(settings),
+        max_entries=settings.lora.max_merged_adapters,
+    )
     limits = service_limits(settings)
     admission = Admission(limits)
     registry = CollectorRegistry()
@@ -129,6 +136,7 @@ def build_gateway(
         # the access line carries each request's summary; per-generation lines are DEBUG
         request_log=RequestLog(log_prompts=settings.logging.log_prompts, level=logging.DEBUG),
         access_log=settings.logging.access_log,
+        families=source_metrics.families,
     )
     service = InferenceService(
         engine=engine,
@@ -140,9 +148,6 @@ def build_gateway(
         aliases=settings.model.aliases,
         observer=observer or metrics,
     )
-    if not shared:  # with workers the shared files carry them into every worker's scrape
-        for family in source_metrics.families:
-            registry.register(family)
     registries = metrics.registries
     context = protocol_context(settings, service)
     routes = _routes(settings, context, metrics, registries, shutdown)
@@ -290,6 +295,7 @@ def adapter_rules(settings: Settings, base_names: list[str]) -> AdapterRules:
     roots = [resolve_path(settings, r) for r in lora.adapter_roots]
     roots += [str(folder) for folder in adapter_folders(settings)]
     roots.append(str(adapter_cache_dir(settings)))
+    roots.append(str(merged_adapter_dir(settings)))
     model_path = resolve_path(settings, settings.model.weight_path)
     return AdapterRules(
         roots=tuple(roots),
@@ -302,7 +308,7 @@ def adapter_rules(settings: Settings, base_names: list[str]) -> AdapterRules:
 def adapter_cache_dir(settings: Settings) -> Path:
     folder = settings.lora.adapter_cache_dir
     if folder is None:
-        return Path(tempfile.gettempdir()) / "llm-gateway-adapters"
+        return Path(tempfile.gettempdir()) / f"llm-gateway-{os.getuid()}" / "adapter-cache"
     return Path(resolve_path(settings, folder))
 
 
@@ -325,6 +331,16 @@ def adapter_fetcher(
         prefixes=lora.adapter_sources,
         observer=observer,
     )
+def merged_adapter_dir(settings: Settings) -> Path:
+    """Where composed adapters are cached: `mergedAdapterDir`, else `merged-adapters` next to
+    the state file, else in the system's temporary folder (content-addressed and written
+    atomically, so servers may share it)."""
+    lora = settings.lora
+    if lora.merged_adapter_dir:
+        return Path(resolve_path(settings, lora.merged_adapter_dir))
+    if lora.state_file:
+        return Path(resolve_path(settings, lora.state_file)).parent / "merged-adapters"
+    return Path(tempfile.gettempdir()) / f"llm-gateway-{os.getuid()}" / "merged-adapters"
 
 
 def service_limits(settings: Settings) -> Limits:

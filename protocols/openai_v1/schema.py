@@ -62,6 +62,9 @@ class SamplingFields(_Wire):
     return_token_ids: bool | None = False
     use_beam_search: bool = False
     prompt_logprobs: int | None = None
+    # LoRAX's per-request composition (model = the base model); checked by
+    # server.core.composition.merge_from_wire
+    merged_adapters: Any = None
 
     @field_validator("n", mode="before")
     @classmethod

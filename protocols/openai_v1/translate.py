@@ -16,9 +16,11 @@ from typing import Any, TypeVar, cast
 
 from protocols.openai_v1 import schema, tools
 from protocols.openai_v1.tools import ChoiceReader, ToolPlan
+from server.core.composition import merge_from_wire
 from server.core.engine import OutputParser
 from server.core.errors import InvalidRequest, Unsupported
 from server.core.types import (
+    AdapterMerge,
     ChatMessage,
     ChatPrompt,
     Choice,
@@ -119,6 +121,7 @@ def chat_request(
         protocol="openai",
         priority=body.priority,
         parse=chat_parse_spec(body, plan, prompt) if parse or plan.mode == "auto" else None,
+        merge=merged_adapters(body),
     )
 
 
@@ -159,6 +162,7 @@ def completion_requests(
     echoed = logprobs if body.echo else None
     asked = [n for n in (prompt_logprobs(body, bounds), echoed) if n is not None]
     output = OutputOptions(logprobs=logprobs, prompt_logprobs=max(asked) if asked else None)
+    merge = merged_adapters(body)
     return [
         GenerationRequest(
             request_id=request_id,
@@ -169,9 +173,17 @@ def completion_requests(
             stream=bool(body.stream),
             protocol="openai",
             priority=body.priority,
+            merge=merge,
         )
         for prompt in completion_prompts(body, bounds)
     ]
+
+
+def merged_adapters(body: schema.SamplingFields) -> AdapterMerge | None:
+    """LoRAX's `merged_adapters` (an extra field): adapters composed for this request."""
+    if body.merged_adapters is None:
+        return None
+    return merge_from_wire(body.merged_adapters)
 
 
 def completion_prompts(body: schema.CompletionRequest, bounds: RequestBounds) -> list[Prompt]:

@@ -42,6 +42,7 @@ class Parameters(BaseModel):
     top_n_tokens: Unsigned | None = None
     grammar: dict[str, Any] | None = None
     adapter_id: StrictStr | None = None
+    merged_adapters: Any = None  # LoRAX's: checked by server.core.composition.merge_from_wire
 
 
 class GenerateRequest(BaseModel):

@@ -25,10 +25,12 @@ from typing import Any
 from jsonschema import Draft202012Validator, SchemaError
 
 from protocols.tgi.schema import GenerateRequest, Parameters
+from server.core.composition import merge_from_wire
 from server.core.errors import InvalidRequest, Unsupported
 from server.core.sampling import omitted_fields, with_model_defaults
 from server.core.service import PromptFit
 from server.core.types import (
+    AdapterMerge,
     Choice,
     Delta,
     EngineInfo,
@@ -97,6 +99,7 @@ class Plan:
     top_n: int
     seed: int | None
     stream: bool
+    merge: AdapterMerge | None = None  # LoRAX's `merged_adapters`
 
 
 def invalid(message: str, field: str | None = None) -> InvalidRequest:
@@ -126,6 +129,7 @@ def plan(
     _check_knobs(p)
     _check_lengths(body, p, limits)
     _check_unsupported(p)
+    merge = _merge(p)
     top_n = p.top_n_tokens or 0
     details = bool(p.details or p.decoder_input_details)
     wants_logprobs = top_n > 0 or details or best_of > 1
@@ -150,7 +154,17 @@ def plan(
         top_n=top_n,
         seed=p.seed,
         stream=stream,
+        merge=merge,
     )
+
+
+def _merge(p: Parameters) -> AdapterMerge | None:
+    """LoRAX's `merged_adapters`: adapters composed for this request, never with `adapter_id`."""
+    if p.merged_adapters is None:
+        return None
+    if p.adapter_id:
+        raise invalid("at most one of `adapter_id` or `adapters` may be provided", "adapter_id")
+    return merge_from_wire(p.merged_adapters, param="parameters.merged_adapters")
 
 
 def _sampling_wanted(p: Parameters) -> bool:
@@ -307,6 +321,7 @@ def to_generation_request(plan: Plan, *, request_id: str) -> GenerationRequest:
         output=plan.output,
         stream=plan.stream,
         protocol="tgi",
+        merge=plan.merge,
     )
 
 

@@ -47,6 +47,7 @@ from server.core.adapter_files import (
 )
 from server.core.adapter_sources import AdapterFetcher
 from server.core.adapter_state import SavedAdapter, write_state
+from server.core.composition import MERGED_ORIGIN, Composition
 from server.core.engine import Engine
 from server.core.errors import (
     AdapterCapacity,
@@ -58,7 +59,7 @@ from server.core.errors import (
     LoraDisabled,
     Overloaded,
 )
-from server.core.types import AdapterHandle
+from server.core.types import AdapterHandle, AdapterMerge
 
 logger = logging.getLogger("gateway.adapters")
 
@@ -86,7 +87,9 @@ class AdapterRecord:
     pin: bool = False
     options: dict[str, str] = field(default_factory=dict)
     alias: str | None = None  # display alias (X-Amzn-SageMaker-Adapter-Alias)
-    origin: str = "api"  # api: a management call; config: the config file; folder: adapterDir
+    # api: a management call; config: the config file; folder: adapterDir; merged: composed
+    # for requests (server/core/composition.py: never listed, never named by a request)
+    origin: str = "api"
     digest: str = ""  # of the files: the engine identity (handle.int_id) follows it
     fingerprint: Fingerprint = ()  # stat of the files when digested
     resident: bool = False
@@ -225,14 +228,28 @@ class AdapterRegistry:
         # awaited after every change of names, sources, pins or refusals, before the change is
         # answered: how the other worker processes see it (server.runtime.worker_link.py)
         self.on_change: Callable[[], Awaitable[None]] | None = None
+        self.composition: Composition | None = None  # set when requests may compose adapters
 
     # ---- queries ---------------------------------------------------------------------------
     def names(self) -> list[str]:
-        """Registered adapter names, in registration order."""
-        return list(self._records)
+        """Registered adapter names, in registration order (composed ones are not listed)."""
+        return [r.name for r in self.records()]
 
     def records(self) -> list[AdapterRecord]:
-        return list(self._records.values())
+        return [r for r in self._records.values() if r.origin != MERGED_ORIGIN]
+
+    def merged_records(self) -> list[AdapterRecord]:
+        """The composed adapters registered now (server/core/composition.py)."""
+        return [r for r in self._records.values() if r.origin == MERGED_ORIGIN]
+
+    def is_merged(self, name: str) -> bool:
+        """Whether `name` is a composed adapter registered now."""
+        record = self._records.get(name)
+        return record is not None and record.origin == MERGED_ORIGIN
+
+    def paths_in_use(self) -> set[str]:
+        """The folders of every adapter registered, or unregistered but still in the engine."""
+        return {r.handle.path for r in self._all_records()}
 
     def get(self, name: str) -> AdapterRecord:
         record = self._records.get(name)
@@ -248,17 +265,16 @@ class AdapterRegistry:
         """Registered, an alias, or a folder under a discovery dir (served on first use)."""
         if not isinstance(name, str):
             return False
-        return (
-            self._aliases.get(name, name) in self._records
-            or self.found(name) is not None
-            or self._may_fetch(name)
-        )
+        record = self._records.get(self._aliases.get(name, name))
+        if record is not None:
+            return record.origin != MERGED_ORIGIN
+        return self.found(name) is not None or self._may_fetch(name)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(list(self._records))
+        return iter(self.names())
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self.records())
 
     def found(self, name: str) -> Path | None:
         """The folder named `name` in the first discovery dir that has one, if any."""
@@ -431,6 +447,32 @@ class AdapterRegistry:
         record.requests += 1
         record.last_used = time.monotonic()
         return record.handle
+
+    async def compose(self, merge: AdapterMerge) -> str:
+        """The registered name of the adapter `merge` composes (composed and registered first
+        when new). Raises LoraDisabled, AdapterNotFound, AdapterInvalid, InvalidRequest."""
+        self._check_enabled()
+        if self.composition is None:
+            raise LoraDisabled("Merging adapters is not enabled on this server.")
+        return await self.composition.compose(self, merge)
+
+    async def acquire_merged(self, merge: AdapterMerge) -> AdapterHandle:
+        """`acquire` of the adapter `merge` composes; composed again if it was unregistered
+        (evicted by another composition) between the two steps."""
+        try:
+            return await self.acquire(await self.compose(merge))
+        except AdapterNotFound:
+            return await self.acquire(await self.compose(merge))
+
+    async def ensure(self, name: str) -> AdapterRecord:
+        """The record of a registered adapter (or alias), registering an adapter folder on its
+        first use. Composed adapters are not found. Raises AdapterNotFound."""
+        if name not in self:
+            raise AdapterNotFound(f"The adapter `{name}` does not exist.", param="merged_adapters")
+        target = self._aliases.get(name, name)
+        if target not in self._records:
+            await self._discover(target, requested=name)
+        return self.get(target)
 
     def release(self, handle: AdapterHandle, generated_tokens: int = 0) -> None:
         record = self._find(handle)

@@ -25,6 +25,7 @@ from server.core.collect import collect
 from server.core.engine import Engine, OutputParser
 from server.core.errors import (
     GatewayError,
+    InvalidRequest,
     ModelNotFound,
     RequestNotFound,
     ServiceUnavailable,
@@ -219,7 +220,9 @@ class InferenceService:
     def _queue_key(self, request: GenerationRequest) -> str:
         """The admission queue a request waits in: its adapter's registered name (a workflow
         alias shares its adapter's), "" for the base model; an unknown name (refused once
-        admitted) its own."""
+        admitted) its own; a composition its adapters' names joined by "+" (never a name)."""
+        if request.merge is not None:
+            return "+".join(self.adapters.canonical(n) for n in request.merge.ids)
         name = request.model
         if not name or name in self.base_names:
             return ""
@@ -276,6 +279,14 @@ class InferenceService:
         return stream
 
     async def _resolve(self, request: GenerationRequest) -> AdapterHandle | None:
+        if request.merge is not None:
+            if request.model and request.model not in self.base_names:
+                raise InvalidRequest(
+                    f"merged_adapters composes adapters on the base model: `model` must be the "
+                    f"base model ({self.served_name}), not `{request.model}`",
+                    param="merged_adapters",
+                )
+            return await on_engine(self.adapters.acquire_merged(request.merge))
         if not request.model or request.model in self.base_names:
             return None
         if request.model not in self.adapters:

@@ -131,6 +131,19 @@ class ParseSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AdapterMerge:
+    """Adapters composed for one request (LoRAX's `merged_adapters`): `ids` weighted by
+    `weights`, combined by `strategy`. `density` and `majority_sign_method` are LoRAX's knobs
+    of its other strategies, checked and kept as sent."""
+
+    ids: tuple[str, ...]
+    weights: tuple[float, ...]
+    strategy: str = "linear"
+    density: float = 0.0
+    majority_sign_method: str = "total"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GenerationRequest:
     """One generation, whatever protocol asked for it.
 
@@ -151,6 +164,7 @@ class GenerationRequest:
     priority: int = 0
     timeout_s: float | None = None
     parse: ParseSpec | None = None  # the answer will be parsed (engines may adjust decoding)
+    merge: AdapterMerge | None = None  # an adapter composed for this request (model = base)
 
 
 class FinishReason(StrEnum):

@@ -202,6 +202,7 @@ class GatewayMetrics:
         window: int = 1000,
         request_log: RequestLog | None = None,
         access_log: bool = False,
+        families: Sequence[Counter | Gauge | Histogram] = (),  # others' (adapter sources)
     ) -> None:
         self.registry = registry
         self.request_log = request_log
@@ -211,7 +212,7 @@ class GatewayMetrics:
         self._labels = frozenset((*protocols, *BUILT_IN))
         self._error_types = error_types()
         self._responses: dict[tuple[str, str, int], Value] = {}
-        self._declare(registry)
+        self._declare(registry, families)
         self.ttft_window: MovingAverage
         self.tbt_window: MovingAverage
         self.registries: tuple[CollectorRegistry, ...]  # /metrics
@@ -229,7 +230,9 @@ class GatewayMetrics:
         """The closed-set label of a request's protocol."""
         return protocol if protocol in self._labels else "other"
 
-    def _declare(self, registry: CollectorRegistry) -> None:
+    def _declare(
+        self, registry: CollectorRegistry, others: Sequence[Counter | Gauge | Histogram]
+    ) -> None:
         """The families; with workers in the shared files (merged at scrape), else in
         `registry`."""
         proto = ("protocol",)
@@ -300,7 +303,7 @@ class GatewayMetrics:
         )
         self.families: list[Counter | Gauge | Histogram] = [
             self.http_requests, self.grpc_requests, self.generations, self.failures, self.inflight,
-            self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e,
+            self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e, *others,
         ]
         if not shared:
             for family in self.families:

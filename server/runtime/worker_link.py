@@ -42,12 +42,12 @@ from server.core.adapters import (
 from server.core.engine import Engine
 from server.core.errors import EngineError, GatewayError, ServiceUnavailable
 from server.core.peers import Peers
-from server.core.types import AdapterHandle
+from server.core.types import AdapterHandle, AdapterMerge
 
 logger = logging.getLogger("gateway.adapters")
 
 _FRAME = struct.Struct("!I")
-_CALLS = frozenset({"register", "update", "unregister", "engine_resident"})
+_CALLS = frozenset({"register", "update", "unregister", "engine_resident", "compose"})
 ACK_TIMEOUT_S = 30.0  # a mirror that does not take a change this long is stuck: say so
 CONNECT_TIMEOUT_S = 600.0  # the owner starts its engine client first (tens of seconds)
 
@@ -396,6 +396,10 @@ class MirrorRegistry(AdapterRegistry):
     async def engine_resident(self) -> set[str]:
         names: set[str] = await self.link.call("engine_resident")
         return names
+
+    async def compose(self, merge: AdapterMerge) -> str:
+        name: str = await self.link.call("compose", merge)  # the owner composes and registers
+        return name
 
     async def acquire(self, name: str) -> AdapterHandle:
         lease, handle = await self.link.call("acquire", name)

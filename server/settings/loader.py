@@ -120,6 +120,8 @@ ALIASES: Final[dict[str, tuple[str, ...]]] = {
     "LoraConfig.adapterCacheGiB": ("lora.adapter_cache_gib",),
     "LoraConfig.adapterSourceTimeout": ("lora.adapter_source_timeout_s",),
     "LoraConfig.adapterSourceCaFile": ("lora.adapter_source_ca_file",),
+    "LoraConfig.mergedAdapterDir": ("lora.merged_adapter_dir",),
+    "LoraConfig.maxMergedAdapters": ("lora.max_merged_adapters",),
     "LimitsConfig.maxConcurrentRequests": ("limits.max_concurrent_requests",),
     "LimitsConfig.maxQueue": ("limits.max_queue",),
     "LimitsConfig.fairAdmission": ("limits.fair_admission",),

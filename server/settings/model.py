@@ -127,10 +127,15 @@ class LoraSettings(_Section):
     # unknown adapter name is looked up on first use, the local cache of what was fetched, its
     # size budget, the time bound of one fetch (retries included) and the CA bundle for https
     adapter_sources: list[str] = Field(default_factory=list)
-    adapter_cache_dir: str | None = None  # None: llm-gateway-adapters in the system temp dir
+    adapter_cache_dir: str | None = None  # None: llm-gateway-<uid>/adapter-cache in temp
     adapter_cache_gib: float = Field(20.0, gt=0)
     adapter_source_timeout_s: float = Field(20.0, gt=0, le=600)
     adapter_source_ca_file: str | None = None
+    # adapters composed per request (`merged_adapters`): where their folders are cached (None:
+    # `merged-adapters` next to the state file, else in the system's temporary folder) and
+    # how many stay registered at once (the least recently used idle one goes first)
+    merged_adapter_dir: str | None = None
+    max_merged_adapters: int = Field(32, ge=1)
 
     @field_validator("adapter_sources")
     @classmethod

@@ -52,7 +52,7 @@ DEFAULTS: dict[str, Any] = {
         "adapters": [], "workflows": [], "allowRuntimeUpdates": True, "onDemand": True,
         "adapterDirRefresh": 5.0, "stateFile": None, "adapterSources": [],
         "adapterCacheDir": None, "adapterCacheGiB": 20.0, "adapterSourceTimeout": 20.0,
-        "adapterSourceCaFile": None,
+        "adapterSourceCaFile": None, "mergedAdapterDir": None, "maxMergedAdapters": 32,
     },
     "LimitsConfig": {
         "maxConcurrentRequests": 256, "maxQueue": 512, "fairAdmission": True,
