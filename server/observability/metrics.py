@@ -193,7 +193,7 @@ class GatewayMetrics:
     response one cached counter child.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the registry, what it reads, and optional parts
         self,
         registry: CollectorRegistry,
         *,
