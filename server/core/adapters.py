@@ -2,7 +2,8 @@
 
 It owns the adapters' names, sources, stable integer ids, options, pins, aliases (DJL workflows)
 and their residency in the engine, and it is the only code that adds adapters to or removes them
-from the engine.
+from the engine. A management change is written to the state file (`adapter_state`) before it
+becomes visible, so one that cannot be made durable is refused having changed nothing.
 
 Why residency is managed here and not left to vLLM: vLLM re-reads an adapter it evicted from its
 CPU cache inside `generate()`, where a load failure kills the engine core for good. So the registry
@@ -319,7 +320,8 @@ class AdapterRegistry:
         """Validate and add an adapter; load it now if `preload` or `pin`.
 
         Raises LoraDisabled, InvalidRequest/AdapterInvalid (bad name, path or files: the engine
-        never saw them), AdapterExists, AdapterCapacity (no room for another pin).
+        never saw them), AdapterExists, AdapterCapacity (no room for another pin), StateNotSaved
+        (the state file cannot be written: nothing changed).
         """
         self._check_enabled()
         checked = check_name(name, self.rules)
