@@ -335,7 +335,8 @@ class AdapterRegistry:
             record = self._new_record(checked, src, files, preload=preload, pin=pin,
                                       options=options)
             record.alias, record.origin = alias, origin
-            await self._save(checked, _saved(record))  # durable before anyone sees it
+            # durable before anyone sees it (only management registrations are kept)
+            await self._save(checked, _saved(record), strict=origin == "api")
             self._records[checked] = record
             self._failed.pop(checked, None)
         try:
@@ -385,7 +386,7 @@ class AdapterRegistry:
         running on it, they finish first and the engine copy goes when the last one ends."""
         async with self._lock:
             record = self.get(name)
-            await self._save(name, None)
+            await self._save(name, None, strict=record.origin == "api")
             del self._records[name]
             record.removed = True
             self._retired.append(record)

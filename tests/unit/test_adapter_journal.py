@@ -353,3 +353,15 @@ async def test_a_registration_the_engine_refuses_after_it_was_saved_is_unsaved(
         await registry.register("refused", str(src))
     assert registry.names() == []
     assert journal_at(registry._journal.path).saved() == []  # type: ignore[union-attr]
+
+
+@pytest.mark.anyio
+async def test_adapters_the_state_file_does_not_keep_register_on_a_read_only_disk(
+    failing_registry: tuple[AdapterRegistry, FakeEngine, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry, _, src = failing_registry
+    monkeypatch.setattr(os, "open", fail_with(errno.EROFS))
+    await registry.register("from-config", str(src), origin="config")
+    await registry.register("from-folder", str(src), origin="folder")
+    await registry.unregister("from-folder")
+    assert registry.names() == ["from-config"]
