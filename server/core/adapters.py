@@ -369,7 +369,8 @@ class AdapterRegistry:
             merged = {**old.options, **(options or {})}
             new_src = old.src if src is None else str(src)
             saved = SavedAdapter(name, new_src, new_pin, new_preload, merged)
-            await self._save(name, saved if old.origin == "api" else None)
+            kept = old.origin == "api"
+            await self._save(name, saved if kept else None, strict=kept)
             was_pinned = old.pin
             record = self._updated(
                 old, src, files, preload=new_preload, pin=new_pin, options=merged
