@@ -34,12 +34,12 @@ from tests.serverproc import (
     wait_ready,
 )
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]  # two full starts, one of two workers
 
 SRC = str(DEMO / "adapters" / "a1")
 BURST = 1000  # registrations sent when the server is killed
 KILL_AFTER = 400  # acknowledged registrations before the kill
-READY_S = 300.0
+READY_S = 480.0
 
 
 def mount(where: Path, *options: str) -> None:
