@@ -374,13 +374,21 @@ async def register_startup_adapters(
     lora = settings.lora
     if not lora.enabled:
         return
-    entries = startup_adapter_entries(settings)
-    entries += [(a.name, a.src, a.preload, a.pin, "api") for a in saved]
-    for name, src, preload, pin, origin in entries:
+    for name, src, preload, pin, origin in startup_adapter_entries(settings):
         try:
             await gateway.adapters.register(name, src, preload=preload, pin=pin, origin=origin)
         except Exception as exc:  # one bad adapter must not stop the server
             logger.error("adapter %s from %s not registered: %s", name, src, exc)
+    for adapter in saved:
+        try:  # as saved, so the state file has nothing new to write
+            await gateway.adapters.register(
+                adapter.name, adapter.src, preload=adapter.preload, pin=adapter.pin,
+                options=adapter.options,
+            )
+        except Exception as exc:
+            logger.error("adapter %s from %s (LoraConfig.stateFile) not registered, dropped "
+                         "from the state file: %s", adapter.name, adapter.src, exc)
+            await gateway.adapters.resave(adapter.name)
     base = workflows.ServedBase(
         names=gateway.service.base_names,
         path=resolve_path(settings, settings.model.weight_path),

@@ -4,7 +4,9 @@
   `{"code", "type", "message"}` (Gson pretty print + newline); 400 BadRequestException for what
   the Java front checks (parameters, LoRA enabled), 404, 405, 409 IllegalArgumentException
   (adapter exists), 424 when the handler fails to register or update (bad path or files, pin
-  without preload, the engine refusing it), 503, 507 (no free lora slots).
+  without preload, the engine refusing it), 503, 507 (no free lora slots; and, as DJL answers
+  what it cannot store, 507 InternalServerException when the adapter state file cannot be
+  written: the change was not made).
 - Inference routes (`/invocations`, `/predictions/{m}`): LMI's handler errors `{"error", "code"}`
   with 424 for invalid input and unregistered adapters ("Adapter X is not registered"), 424
   `{"code", "message": "invoke handler failure", "error"}` for generation failures, and the Java
@@ -31,6 +33,7 @@ from server.core.errors import (
     PayloadTooLarge,
     RequestNotFound,
     ServiceUnavailable,
+    StateNotSaved,
     Unauthorized,
 )
 from server.http import jsonio
@@ -58,6 +61,7 @@ _MANAGEMENT: tuple[tuple[type[GatewayError], int, str], ...] = (
     (MethodNotAllowed, 405, "MethodNotAllowedException"),
     (AdapterExists, 409, "IllegalArgumentException"),
     (AdapterCapacity, 507, "BadRequestException"),
+    (StateNotSaved, 507, "InternalServerException"),
     (Overloaded, 503, "WlmCapacityException"),
     (ServiceUnavailable, 503, "ServiceUnavailableException"),
     (Unauthorized, 401, "BadRequestException"),

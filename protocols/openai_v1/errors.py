@@ -72,6 +72,7 @@ TABLE: dict[str, tuple[int, str]] = {
     "unavailable": (503, "ServiceUnavailableError"),
     "timeout": (504, "TimeoutError"),
     "adapter_capacity": (507, "InsufficientStorage"),
+    "state_not_saved": (507, "InsufficientStorage"),  # the adapter state file: nothing changed
     "client_closed": (499, "ClientClosedRequest"),
 }
 

@@ -2,7 +2,8 @@
 
 It owns the adapters' names, sources, stable integer ids, options, pins, aliases (DJL workflows)
 and their residency in the engine, and it is the only code that adds adapters to or removes them
-from the engine.
+from the engine. A management change is written to the state file (`adapter_state`) before it
+becomes visible, so one that cannot be made durable is refused having changed nothing.
 
 Why residency is managed here and not left to vLLM: vLLM re-reads an adapter it evicted from its
 CPU cache inside `generate()`, where a load failure kills the engine core for good. So the registry
@@ -46,7 +47,7 @@ from server.core.adapter_files import (
     inspect_adapter,
 )
 from server.core.adapter_sources import AdapterFetcher
-from server.core.adapter_state import SavedAdapter, write_state
+from server.core.adapter_state import AdapterJournal, SavedAdapter
 from server.core.composition import MERGED_ORIGIN, Composition
 from server.core.engine import Engine
 from server.core.errors import (
@@ -212,7 +213,11 @@ class AdapterRegistry:
     ) -> None:
         self._engine = engine
         self._fetcher = fetcher  # brings remote sources (s3://, https://, hf://) to local folders
-        self._state_file = state_file  # where management-API registrations are kept
+        # where management-API registrations are kept; read before the engine started, so a
+        # damaged file has stopped the start already (server.gateway.saved_adapters)
+        self._journal = None if state_file is None else AdapterJournal(state_file)
+        if self._journal is not None:
+            self._journal.load()
         self.rules = rules
         self.limits = limits
         self._records: dict[str, AdapterRecord] = {}
@@ -346,7 +351,8 @@ class AdapterRegistry:
         """Validate and add an adapter; load it now if `preload` or `pin`.
 
         Raises LoraDisabled, InvalidRequest/AdapterInvalid (bad name, path or files: the engine
-        never saw them), AdapterExists, AdapterCapacity (no room for another pin).
+        never saw them), AdapterExists, AdapterCapacity (no room for another pin), StateNotSaved
+        (the state file cannot be written: nothing changed).
         """
         self._check_enabled()
         checked = check_name(name, self.rules)
@@ -360,13 +366,14 @@ class AdapterRegistry:
             record = self._new_record(checked, src, files, preload=preload, pin=pin,
                                       options=options)
             record.alias, record.origin = alias, origin
+            # durable before anyone sees it (only management registrations are kept)
+            await self._save(checked, _saved(record), strict=origin == "api")
             self._records[checked] = record
             self._failed.pop(checked, None)
         try:
             if preload or pin:
                 await self._load_new(record)
         finally:
-            self._save_state()
             await self._changed()
         return record
 
@@ -391,6 +398,10 @@ class AdapterRegistry:
             if new_pin and not old.pin:
                 self._check_pin_capacity()
             merged = {**old.options, **(options or {})}
+            new_src = old.src if src is None else str(src)
+            saved = SavedAdapter(name, new_src, new_pin, new_preload, merged)
+            kept = old.origin == "api"
+            await self._save(name, saved if kept else None, strict=kept)
             was_pinned = old.pin
             record = self._updated(
                 old, src, files, preload=new_preload, pin=new_pin, options=merged
@@ -399,7 +410,6 @@ class AdapterRegistry:
             if (record.preload or record.pin) and not record.resident:
                 await self._load_new(record, previous=old, was_pinned=was_pinned)
         finally:
-            self._save_state()
             await self._changed()
         return record
 
@@ -408,14 +418,20 @@ class AdapterRegistry:
         running on it, they finish first and the engine copy goes when the last one ends."""
         async with self._lock:
             record = self.get(name)
+            await self._save(name, None, strict=record.origin == "api")
             del self._records[name]
             record.removed = True
             self._retired.append(record)
-        self._save_state()
         await self._changed()
         if record.inflight == 0:
             await self._unload_settled(record)
         return record
+
+    async def resave(self, name: str) -> None:
+        """Make the state file's entry for `name` what the registry has now (at start, a saved
+        registration that could not be registered again leaves the file as it left the lists)."""
+        async with self._lock:
+            await self._resave(name)
 
     def add_alias(self, alias: str, target: str) -> None:
         """Let `alias` (a DJL workflow name) select adapter `target` in every protocol."""
@@ -706,15 +722,16 @@ class AdapterRegistry:
         async with self._lock:
             if previous is record:
                 record.pin = was_pinned
-                return
-            if self._records.get(record.name) is not record:
+            elif self._records.get(record.name) is not record:
                 return  # changed again meanwhile: leave the newer state alone
-            del self._records[record.name]
-            if previous is not None:  # an update that moved the source: restore the old one
-                previous.removed = False
-                self._retired = [r for r in self._retired if r is not previous]
-                self._records[record.name] = previous
-            self._retire(record)
+            else:
+                del self._records[record.name]
+                if previous is not None:  # an update that moved the source: restore the old one
+                    previous.removed = False
+                    self._retired = [r for r in self._retired if r is not previous]
+                    self._records[record.name] = previous
+                self._retire(record)
+            await self._resave(record.name)
 
     def _resident_ids(self) -> set[int]:
         return {r.handle.int_id for r in self._all_records() if r.resident}
@@ -789,19 +806,17 @@ class AdapterRegistry:
             logger.warning("the engine failed to remove adapter %s", record.name, exc_info=True)
 
     # ---- internals -----------------------------------------------------------------------------
-    def _save_state(self) -> None:
-        """Rewrite the state file with the management-API registrations (when configured)."""
-        if self._state_file is None:
-            return
-        kept = [
-            SavedAdapter(r.name, r.src, r.pin, r.preload, dict(r.options))
-            for r in self._records.values()
-            if r.origin == "api"
-        ]
-        try:
-            write_state(self._state_file, kept)
-        except OSError:
-            logger.exception("the adapter state file %s could not be written", self._state_file)
+    async def _save(self, name: str, saved: SavedAdapter | None, *, strict: bool = True) -> None:
+        """Under the lock, before a change is made: make it durable in the state file (when
+        configured). Raises StateNotSaved (nothing changed) when it cannot be; not `strict`
+        (undoing a change), a failure is logged instead."""
+        if self._journal is not None:
+            await asyncio.to_thread(self._journal.set, name, saved, strict=strict)
+
+    async def _resave(self, name: str) -> None:
+        """Under the lock: the state file's entry for `name` as the registry has it now."""
+        record = self._records.get(name)
+        await self._save(name, None if record is None else _saved(record), strict=False)
 
     async def _changed(self) -> None:
         if self.on_change is not None:
@@ -906,6 +921,13 @@ class AdapterRegistry:
         task = asyncio.get_running_loop().create_task(job)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _saved(record: AdapterRecord) -> SavedAdapter | None:
+    """What the state file keeps of a record: management-API registrations only."""
+    if record.origin != "api":
+        return None
+    return SavedAdapter(record.name, record.src, record.pin, record.preload, dict(record.options))
 
 
 def _folder_gone(record: AdapterRecord) -> bool:

@@ -6,6 +6,7 @@ Messages are written for clients: never put a traceback or an internal path in o
 
 from __future__ import annotations
 
+import errno
 from typing import ClassVar
 
 
@@ -80,6 +81,33 @@ class AdapterCapacity(GatewayError):
     """No engine slot left for another pinned adapter (DJL answers 507)."""
 
     error_type = "adapter_capacity"
+
+
+class StateNotSaved(GatewayError):
+    """A change of the adapter registry that could not be made durable (LoraConfig.stateFile
+    cannot be written: disk full, read-only, no permission, folder gone). Nothing was changed.
+    Answered 507 (Insufficient Storage) by the management routes."""
+
+    error_type = "state_not_saved"
+
+    @classmethod
+    def from_os_error(cls, exc: OSError) -> StateNotSaved:
+        reason = _STORAGE_REASONS.get(exc.errno or 0, exc.strerror or type(exc).__name__)
+        return cls(
+            f"The adapter change was not saved and nothing was changed: the adapter state file "
+            f"(LoraConfig.stateFile) cannot be written ({reason}). Fix the storage and retry."
+        )
+
+
+_STORAGE_REASONS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.ENOENT: "its folder does not exist",
+    errno.EIO: "input/output error",
+}
 
 
 class LoraDisabled(InvalidRequest):

@@ -10,7 +10,6 @@ differently from each other and from the base model.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import pytest
 from huggingface_hub import InferenceClient
 from openai import OpenAI
 
+from server.core.adapter_state import read_state
 from tests.integration.traffic import management_client
 from tests.serverproc import DEMO, RunningServer, running_server
 
@@ -210,9 +210,8 @@ def test_runtime_registrations_survive_a_restart(
         registered = management.post("/models/tiny/adapters", params=body)
     assert registered.status_code == 200, registered.text
     before = greedy(client, "kept")
-    state = json.loads((folder / "state" / "adapters.json").read_text())
-    saved = {a["name"]: a for a in state["adapters"]}
-    assert saved["kept"]["pin"] is True  # with every other runtime registration (the refs)
+    saved = {a.name: a for a in read_state(folder / "state" / "adapters.json")}
+    assert saved["kept"].pin is True  # with every other runtime registration (the refs)
     assert "a1" not in saved and "dropped-a1" not in saved  # folders bring back their own
     server.stop()
     with running_server(folder / "run2", overrides=config_for(folder)) as again:

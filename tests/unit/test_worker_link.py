@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,8 +12,15 @@ from pathlib import Path
 import pytest
 
 from server.core.adapter_files import AdapterRules
+from server.core.adapter_state import AdapterJournal
 from server.core.adapters import AdapterLimits, AdapterRegistry
-from server.core.errors import AdapterExists, AdapterInvalid, AdapterNotFound, Overloaded
+from server.core.errors import (
+    AdapterExists,
+    AdapterInvalid,
+    AdapterNotFound,
+    Overloaded,
+    StateNotSaved,
+)
 from server.core.peers import Peers
 from server.engines.fake import FakeEngine
 from server.runtime.worker_link import MirrorRegistry, RegistryOwner
@@ -206,3 +215,24 @@ async def test_a_peer_operation_runs_on_every_other_worker_not_the_asker(
     for mirror in mirrors:
         await mirror.link.close()
     await server.close()
+
+
+async def test_a_change_the_owner_cannot_save_is_refused_on_every_worker_unchanged(
+    cluster: Cluster, root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = AdapterJournal(tmp_path / "state" / "adapters.json")
+    journal.load()
+    cluster.owner._journal = journal  # the owner alone writes the state file
+    await cluster.mirrors[0].register("kept", str(root / "a1"))
+    monkeypatch.setattr(os, "open", _read_only)
+    for mirror in cluster.mirrors:
+        with pytest.raises(StateNotSaved, match="read-only file system"):
+            await mirror.register("refused", str(root / "a2"))
+        with pytest.raises(StateNotSaved):
+            await mirror.unregister("kept")
+    assert cluster.owner.names() == ["kept"]
+    assert all(mirror.names() == ["kept"] for mirror in cluster.mirrors)
+
+
+def _read_only(*_: object, **__: object) -> int:
+    raise OSError(errno.EROFS, os.strerror(errno.EROFS))
