@@ -4,7 +4,6 @@ error class through the SDK's own exception types."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -324,19 +323,15 @@ async def test_each_error_class_reaches_the_sdks_exception_type() -> None:
 
 
 async def test_a_full_queue_is_a_rate_limit_error() -> None:
-    gateway = make_gateway(FakeScript(hang_after=1), overrides={
+    gateway = make_gateway(overrides={
         "LimitsConfig": {"maxConcurrentRequests": 1, "maxQueue": 0}})
+    await gateway.service.admission.acquire(1, "")  # the one slot is taken
     async with sdk(gateway) as client:
-        held = asyncio.ensure_future(
-            client.messages.create(model="tiny", max_tokens=4, messages=USER)
-        )
-        while gateway.service.admission.running == 0:  # the one slot is taken
-            await asyncio.sleep(0.01)
         with pytest.raises(anthropic.RateLimitError) as caught:
             await client.messages.create(model="tiny", max_tokens=2, messages=USER)
-        held.cancel()
-        await asyncio.gather(held, return_exceptions=True)
     assert caught.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+    assert caught.value.response.headers["retry-after"]
+    gateway.service.admission.release()
 
 
 async def test_an_error_after_the_first_byte_is_an_error_event() -> None:
