@@ -15,6 +15,7 @@ import pytest
 from openai import OpenAI
 
 from tests.serverproc import RunningServer
+from tests.unit.test_anthropic_translate import WEATHER
 
 pytestmark = [pytest.mark.engine, pytest.mark.server]
 
@@ -26,11 +27,6 @@ TURNS: list[Any] = [
 ]
 # Current SDKs send the sampling fields in `extra_body`.
 GREEDY: dict[str, Any] = {"max_tokens": 12, "extra_body": {"temperature": 0}}
-WEATHER = {
-    "type": "object",
-    "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
-    "required": ["city", "days"],
-}
 TOOLS: list[Any] = [
     {"name": "get_weather", "description": "Weather", "input_schema": WEATHER},
     {"name": "add", "input_schema": {

@@ -361,3 +361,24 @@ async def test_keys_come_as_x_api_key_or_bearer(header: str) -> None:
     async with sdk(gateway) as client:
         with pytest.raises(anthropic.AuthenticationError):
             await client.messages.create(model="tiny", max_tokens=2, messages=USER)
+
+
+async def test_metrics_count_the_protocol_by_name() -> None:
+    gateway = make_gateway()
+    async with raw(gateway) as http:
+        await http.post("/v1/messages", json={"model": "tiny", "max_tokens": 2, "messages": USER})
+        await http.post("/v1/messages/count_tokens", json={"model": "nope", "messages": USER})
+    registry = gateway.metrics.registry
+    http_name = "gateway_http_requests_total"
+    assert registry.get_sample_value(
+        http_name, {"protocol": "anthropic", "endpoint": "/v1/messages", "status": "200"}
+    ) == 1
+    assert registry.get_sample_value(
+        http_name,
+        {"protocol": "anthropic", "endpoint": "/v1/messages/count_tokens", "status": "404"},
+    ) == 1
+    generations = [
+        s for family in registry.collect() for s in family.samples
+        if s.name.startswith("gateway_generation_requests") and s.value
+    ]
+    assert {s.labels.get("protocol") for s in generations} == {"anthropic"}
