@@ -7,7 +7,10 @@ Shapes follow /work/shared/PROTOCOLS.md (the same shapes the gateway's routes im
 - tgi: `/generate_stream` (one SSE event per token) and `/generate` (`details` for the count);
 - triton: `/v2/models/{m}/generate_stream` and `/generate` (`text_output` deltas);
 - mindie: `/infer` (native, SSE with `token` events, `details.generated_tokens`);
-- djl: `/invocations` with `inputs` (JSON lines `{"token": ...}` when streaming).
+- djl: `/invocations` with `inputs` (JSON lines `{"token": ...}` when streaming);
+- anthropic: `/v1/messages` (named SSE events: `content_block_delta` per step, usage in
+  `message_delta`, `message_stop` last). The Messages API has no `ignore_eos`: both arms answer
+  the same greedy tokens, and the counts come from `usage`.
 
 Timing follows vLLM's serving benchmark (a "text event" is a streamed event for one engine step),
 except for chat: vLLM's chat client stops the TTFT clock at the first chunk with `choices`, which
@@ -343,6 +346,53 @@ DJL = Protocol(
 )
 
 
+# -- Anthropic Messages ------------------------------------------------------------------------
+
+
+def _anthropic_body(ask: Ask) -> dict[str, Any]:
+    return {
+        "model": ask.model,
+        "max_tokens": ask.max_tokens,
+        "temperature": 0.0,
+        "stream": ask.stream,
+        "messages": [{"role": "user", "content": ask.prompt}],
+    }
+
+
+def _anthropic_event(data: dict[str, Any]) -> Event:
+    kind = data.get("type")
+    if kind == "content_block_delta":
+        return Event(text=True)
+    if kind == "message_start":
+        usage = (data.get("message") or {}).get("usage") or {}
+        return Event(text=False, prompt_tokens=usage.get("input_tokens"))
+    if kind == "message_delta":
+        usage = data.get("usage") or {}
+        return Event(text=False, tokens=usage.get("output_tokens"))
+    return DONE if kind == "message_stop" else NOTHING
+
+
+def _anthropic_whole(data: dict[str, Any]) -> Event:
+    usage = data.get("usage") or {}
+    return Event(
+        text=True,
+        tokens=usage.get("output_tokens"),
+        prompt_tokens=usage.get("input_tokens"),
+        final=True,
+    )
+
+
+ANTHROPIC = Protocol(
+    name="anthropic",
+    path=lambda ask: "/v1/messages",
+    body=_anthropic_body,
+    delimiter=b"\n\n",
+    event=_sse(_anthropic_event),
+    whole=_json(_anthropic_whole),
+    counts_events=False,
+)
+
+
 PROTOCOLS: dict[str, Protocol] = {
-    p.name: p for p in (OPENAI_CHAT, OPENAI_COMPLETIONS, TGI, TRITON, MINDIE, DJL)
+    p.name: p for p in (OPENAI_CHAT, OPENAI_COMPLETIONS, TGI, TRITON, MINDIE, DJL, ANTHROPIC)
 }

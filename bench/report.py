@@ -811,7 +811,7 @@ def wrk_figures(results: Results, stream: bool = False) -> dict[str, dict[str, A
 
 
 def _b_protocol_order(label: str) -> int:
-    order = ["openai-chat", "tgi", "triton", "mindie", "djl"]
+    order = ["openai-chat", "tgi", "triton", "mindie", "djl", "anthropic"]
     protocol = label.removesuffix("-whole").removesuffix("-stream")
     return order.index(protocol) if protocol in order else len(order)
 

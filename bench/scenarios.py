@@ -156,7 +156,7 @@ QUICK = Plan(
     w_a_reps=1,
 )
 
-B_PROTOCOLS = ("openai-chat", "tgi", "triton", "mindie", "djl")
+B_PROTOCOLS = ("openai-chat", "tgi", "triton", "mindie", "djl", "anthropic")
 
 
 @contextlib.contextmanager

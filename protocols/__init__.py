@@ -5,7 +5,7 @@ and one line here. The server knows protocols only through this tuple; the first
 for paths no route on the data listener matches.
 """
 
-from protocols import djl, kserve_v2, mindie, openai_v1, tgi
+from protocols import anthropic, djl, kserve_v2, mindie, openai_v1, tgi
 from server.http.routes import ProtocolSpec
 
 REGISTRY: tuple[ProtocolSpec, ...] = (
@@ -14,4 +14,5 @@ REGISTRY: tuple[ProtocolSpec, ...] = (
     kserve_v2.SPEC,
     mindie.SPEC,
     djl.SPEC,
+    anthropic.SPEC,
 )

@@ -1,10 +1,12 @@
 """Triton / KServe v2 routes: health, metadata, config, stats, infer, generate, MindIE extras.
 
 Every model route also answers under `/versions/{v}` (version "1"). Bodies need no Content-Type
-(Triton's own tests send none). Health: `/v2/health/{live,ready}` and `…/ready` answer 200 with
-an empty body, or 400 when not live/ready, as Triton does (MindIE answers 503 for a busy
-server; tritonclient only tests for 200). Non-streaming requests watch for the client going away
-and abort the engine request then; streams are closed by `StreamResponse` on disconnect.
+(Triton's own tests send none). Health: `/v2/health/{live,ready}` and `…/ready` answer the Open
+Inference Protocol's bodies (`{"live": …}`, `{"ready": …}`, `{"name": …, "ready": …}`, which
+KServe's InferenceRESTClient reads) with 200, or 400 when not live/ready, as Triton does
+(MindIE answers 503 for a busy server; tritonclient only tests for 200). Non-streaming requests
+watch for the client going away and abort the engine request then; streams are closed by
+`StreamResponse` on disconnect.
 """
 
 from __future__ import annotations
@@ -76,16 +78,17 @@ class KserveApi:
         return json_response(server_metadata(self.ctx.server_version))
 
     async def live(self, request: Request) -> Answer:
-        return Response(status_code=200 if self.service.lifecycle.live else 400)
+        live = self.service.lifecycle.live
+        return json_response({"live": live}, 200 if live else 400)
 
     async def ready(self, request: Request) -> Answer:
-        return Response(status_code=200 if self.service.lifecycle.accepting else 400)
+        ready = self.service.lifecycle.accepting
+        return json_response({"ready": ready}, 200 if ready else 400)
 
     async def model_ready(self, request: Request) -> Answer:
-        self.model(request)
-        if not self.service.lifecycle.accepting:
-            return json_response({"error": "Model version not ready"}, 400)
-        return Response(status_code=200)
+        name = self.model(request).name
+        ready = self.service.lifecycle.accepting
+        return json_response({"name": name, "ready": ready}, 200 if ready else 400)
 
     async def metadata(self, request: Request) -> Answer:
         return json_response(model_metadata(self.model(request)))

@@ -20,17 +20,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from protocols.openai_v1 import schema, tools
+from protocols.common.bounds import stop_strings
+from protocols.common.chat import response_model, template_kwargs, with_effort
+from protocols.common.tools import ChoiceReader, Function, Mode, ToolPlan, check_parameters
+from protocols.openai_v1 import schema
 from protocols.openai_v1.errors import status_and_type
-from protocols.openai_v1.tools import ChoiceReader, Function, Mode, ToolPlan
-from protocols.openai_v1.translate import (
-    TEXT_PART_TYPES,
-    response_model,
-    stop_strings,
-    template_kwargs,
-    vllm_structured,
-    with_effort,
-)
+from protocols.openai_v1.translate import TEXT_PART_TYPES, vllm_structured
 from server.core.engine import OutputParser
 from server.core.errors import GatewayError, InvalidRequest, ModelNotFound, Unsupported
 from server.core.peers import Peers
@@ -318,7 +313,7 @@ def _functions(given: Sequence[schema.ResponsesTool]) -> tuple[Function, ...]:
             )
         if tool.name is None:
             raise InvalidRequest("A function tool needs a `name`.", param=f"tools.{index}.name")
-        tools.check_parameters(tool.parameters, f"tools.{index}.parameters")
+        check_parameters(tool.parameters, f"tools.{index}.parameters")
         functions.append(
             Function(
                 name=tool.name, description=tool.description, parameters=tool.parameters,

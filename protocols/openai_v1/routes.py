@@ -17,6 +17,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
+from protocols.common.chat import response_model
+from protocols.common.tools import ChoiceReader
 from protocols.openai_v1 import errors, responses, schema, tools, translate
 from server.core.batch import BatchStream
 from server.core.engine import OutputParser
@@ -232,7 +234,7 @@ def create_response(ctx: ProtocolContext, store: responses.ResponseStore) -> End
             )
             return EventStreamAnswer(events, fmt, media_type=SSE_MEDIA_TYPE)
         result = await until_disconnect(request, service.generate(gen))
-        reader = tools.ChoiceReader(call.plan, parser())
+        reader = ChoiceReader(call.plan, parser())
         response = responses.final_response(call, result, reader, info.max_model_len)
         keep(response)
         return json_response(response)
@@ -488,7 +490,7 @@ def _request_id(
 
 
 def _meta(service: InferenceService, prefix: str, gen: GenerationRequest) -> translate.ReplyMeta:
-    model = translate.response_model(gen.model, service.base_names, service.served_name)
+    model = response_model(gen.model, service.base_names, service.served_name)
     return translate.ReplyMeta(
         id=f"{prefix}-{gen.request_id}", created=int(time.time()), model=model
     )

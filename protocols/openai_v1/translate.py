@@ -14,8 +14,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
+from protocols.common.bounds import bounded_max_tokens, stop_strings
+from protocols.common.chat import template_kwargs, with_effort
+from protocols.common.tools import ChoiceReader, ToolPlan, finish_reason
 from protocols.openai_v1 import schema, tools
-from protocols.openai_v1.tools import ChoiceReader, ToolPlan
 from server.core.composition import merge_from_wire
 from server.core.engine import OutputParser
 from server.core.errors import InvalidRequest, Unsupported
@@ -56,27 +58,6 @@ LogprobRow = tuple[str, float | None, dict[str, float] | None]
 MIN_LOGPROB = -9999.0  # vLLM clamps -inf to this so the JSON stays valid
 NO_DEFAULTS = SamplingDefaults()
 TEXT_PART_TYPES = frozenset({"text", "input_text"})
-# chat_template_kwargs that would change how the template is called rather than what it
-# renders (CVE-2025-62426: `chat_template` swaps the template, `tokenize` the output type).
-RESERVED_TEMPLATE_KEYS = frozenset(
-    {
-        "tokenize",
-        "chat_template",
-        "conversation",
-        "messages",
-        "tools",
-        "documents",
-        "tokenizer_kwargs",
-        "return_dict",
-        "return_assistant_tokens_mask",
-        "return_tensors",
-        "padding",
-        "truncation",
-        "max_length",
-    }
-)
-MAX_TEMPLATE_KWARGS = 64
-MAX_TEMPLATE_VALUE_CHARS = 4096
 UNTRUSTED_TEMPLATE = (
     "Chat template is passed with request, but --trust-request-chat-template is not set. "
     "Refused request with untrusted chat template."
@@ -106,7 +87,7 @@ def chat_request(
         )
     max_tokens = body.max_completion_tokens or body.max_tokens
     prompt = chat_prompt(body, tools_json=plan.tools_json)
-    sampling = to_sampling(body, _bounded_max_tokens(max_tokens, bounds), bounds, defaults)
+    sampling = to_sampling(body, bounded_max_tokens(max_tokens, bounds), bounds, defaults)
     if plan.forced:
         sampling = replace(sampling, structured=plan.structured())
     return GenerationRequest(
@@ -157,7 +138,7 @@ def completion_requests(
         raise InvalidRequest("max_tokens must be at least 1, got 0.", param="max_tokens")
     # echo with max_tokens=0 returns the prompt only; the engine still runs one step (vLLM).
     sampling = to_sampling(
-        body, _bounded_max_tokens(max(max_tokens, 1), bounds), bounds, defaults
+        body, bounded_max_tokens(max(max_tokens, 1), bounds), bounds, defaults
     )
     echoed = logprobs if body.echo else None
     asked = [n for n in (prompt_logprobs(body, bounds), echoed) if n is not None]
@@ -246,19 +227,6 @@ def chat_message(message: schema.ChatMessageIn, index: int) -> ChatMessage:
     )
 
 
-def with_effort(
-    kwargs: tuple[tuple[str, Any], ...], effort: str | None
-) -> tuple[tuple[str, Any], ...]:
-    """vLLM hands `reasoning_effort` to the template (over the same template variable), and
-    `enable_thinking` unless the request's template variables set it."""
-    if effort is None:
-        return kwargs
-    given = dict(kwargs)
-    given["reasoning_effort"] = effort
-    given.setdefault("enable_thinking", effort != "none")
-    return tuple(given.items())
-
-
 def _message_text(message: schema.ChatMessageIn, index: int) -> str:
     content = message.content
     if content is None or isinstance(content, str):
@@ -272,35 +240,6 @@ def _message_text(message: schema.ChatMessageIn, index: int) -> str:
             )
         texts.append(part.text or "")
     return "\n".join(texts)
-
-
-def template_kwargs(
-    raw: Mapping[str, Any] | None,
-) -> tuple[tuple[str, str | int | float | bool | None], ...]:
-    """Only flat scalar template variables pass (CVE-2025-62426)."""
-    if not raw:
-        return ()
-    if len(raw) > MAX_TEMPLATE_KWARGS:
-        raise InvalidRequest(
-            f"At most {MAX_TEMPLATE_KWARGS} chat_template_kwargs are allowed.",
-            param="chat_template_kwargs",
-        )
-    checked: list[tuple[str, str | int | float | bool | None]] = []
-    for key, value in raw.items():
-        if key in RESERVED_TEMPLATE_KEYS or not key.isidentifier():
-            raise InvalidRequest(
-                f"chat_template_kwargs may not set '{key}'.", param=f"chat_template_kwargs.{key}"
-            )
-        if not isinstance(value, str | int | float | bool | None) or (
-            isinstance(value, str) and len(value) > MAX_TEMPLATE_VALUE_CHARS
-        ):
-            raise InvalidRequest(
-                f"chat_template_kwargs['{key}'] must be a string (at most "
-                f"{MAX_TEMPLATE_VALUE_CHARS} characters), number, boolean or null.",
-                param=f"chat_template_kwargs.{key}",
-            )
-        checked.append((key, value))
-    return tuple(checked)
 
 
 def to_sampling(
@@ -419,24 +358,6 @@ def vllm_structured(spec: Mapping[str, Any]) -> StructuredOutput:
     )
 
 
-def stop_strings(stop: str | list[str] | None, bounds: RequestBounds) -> tuple[str, ...]:
-    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-    if len(stops) > bounds.max_stop_sequences:
-        raise InvalidRequest(
-            f"At most {bounds.max_stop_sequences} stop sequences are allowed, got {len(stops)}.",
-            param="stop",
-        )
-    for item in stops:
-        if not item:
-            raise InvalidRequest("stop cannot contain an empty string.", param="stop")
-        if len(item) > bounds.max_stop_length:
-            raise InvalidRequest(
-                f"Each stop sequence may have at most {bounds.max_stop_length} characters.",
-                param="stop",
-            )
-    return stops
-
-
 def logit_bias(raw: Mapping[str, float] | None) -> tuple[tuple[int, float], ...]:
     """Keys are token ids written as strings; values are clamped to [-100, 100] (vLLM)."""
     if not raw:
@@ -517,15 +438,6 @@ def _bounded_logprobs(requested: int, bounds: RequestBounds, param: str) -> int:
     return requested
 
 
-def _bounded_max_tokens(requested: int | None, bounds: RequestBounds) -> int | None:
-    cap = bounds.max_new_tokens
-    if requested is not None and cap is not None and requested > cap:
-        raise InvalidRequest(
-            f"max_tokens must be at most {cap}, got {requested}.", param="max_tokens"
-        )
-    return requested
-
-
 def _or(value: _T | None, default: _T) -> _T:
     return default if value is None else value
 
@@ -554,13 +466,6 @@ class StreamUsage:
         return cls(
             include=include, continuous=include and bool(options and options.continuous_usage_stats)
         )
-
-
-def response_model(requested: str | None, base_names: Iterable[str], served_name: str) -> str:
-    """The adapter name for LoRA requests, else the served base name (vLLM's `model_name()`)."""
-    if not requested or requested in base_names:
-        return served_name
-    return requested
 
 
 def usage_dict(usage: Usage) -> JSON:
@@ -711,7 +616,7 @@ def _chat_choice(choice: Choice, view: ChatView, prompt_ids: Sequence[int] = ())
     parsed = ParsedOutput(content=view.echo_prefix + choice.text)
     if reader is not None:
         parsed = _parsed(reader.whole(choice.text, choice.token_ids, prompt_ids), view)
-        finish = tools.finish_reason(reader, view.tools, finish)
+        finish = finish_reason(reader, view.tools, finish)
     message: JSON = {
         "role": "assistant",
         "content": parsed.content,
@@ -873,7 +778,7 @@ class ChatStreamEncoder:
         if event.finish is None:
             choice["token_ids"] = list(event.token_ids) if view.return_token_ids else None
             return self._out.chunk(choice, self._usage(i))
-        finish = tools.finish_reason(reader, view.tools, event.finish.value)
+        finish = finish_reason(reader, view.tools, event.finish.value)
         out = b""
         if "tool_calls" in delta:
             out = self._out.chunk({**choice, "token_ids": None}, self._usage(i))

@@ -29,7 +29,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from server.core.errors import Unauthorized
 from server.core.overhead import EngineWait, engine_wait_var
-from server.http.auth import Keyring, bearer_token
+from server.http.auth import Keyring, presented_key
 from server.http.body import too_large
 from server.http.context import (
     ADMIN_KEY,
@@ -88,12 +88,14 @@ class ListenerApp:
         if scope["type"] != "http":
             return  # uvicorn runs with lifespan off and no WebSocket support
         started = time.perf_counter()
-        request_id = authorization = length = None
+        request_id = authorization = api_key = length = None
         for name, value in scope["headers"]:  # uvicorn lower-cases header names
             if name == b"x-request-id" and request_id is None:
                 request_id = value
             elif name == b"authorization" and authorization is None:
                 authorization = value
+            elif name == b"x-api-key" and api_key is None:
+                api_key = value
             elif name == b"content-length":
                 length = value
         rid = request_id.decode("latin-1") if request_id else ""
@@ -107,7 +109,8 @@ class ListenerApp:
         wait_token = engine_wait_var.set(wait)
         resolution = self._router.resolve(scope["method"], scope["path"])
         try:
-            answer = await self._answer(scope, receive, resolution, authorization, length)
+            key = presented_key(authorization, api_key) if self._keyring.configured else None
+            answer = await self._answer(scope, receive, resolution, key, length)
             self._finish_headers(answer, rid)
             now = time.perf_counter()
             overhead_ms = max(now - started - wait.total(now), 0.0) * 1000
@@ -126,14 +129,14 @@ class ListenerApp:
         scope: Scope,
         receive: Receive,
         resolution: Resolution,
-        authorization: bytes | None,
+        token: bytes | None,
         length: bytes | None,
     ) -> Answer:
         entry = resolution.entry
         render = entry.render if entry else self._fallback.render
         access = entry.access if entry else self._fallback.access
         if self._keyring.configured:
-            refusal = self._authorize(scope, access, render, authorization)
+            refusal = self._authorize(scope, access, render, token)
             if refusal is not None:
                 return refusal
         if length is not None:
@@ -147,9 +150,8 @@ class ListenerApp:
         return await guarded(entry.endpoint, render, Request(scope, receive))
 
     def _authorize(
-        self, scope: Scope, access: Access, render: Render, authorization: bytes | None
+        self, scope: Scope, access: Access, render: Render, token: bytes | None
     ) -> Answer | None:
-        token = bearer_token(authorization)
         keyring = self._keyring
         if keyring.allows(access, token):
             scope[ADMIN_KEY] = keyring.allows(Access.ADMIN, token)

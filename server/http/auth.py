@@ -1,4 +1,5 @@
-"""Bearer credentials: the configured API and admin keys, and which access class each opens.
+"""Bearer credentials (or `x-api-key`): the configured API and admin keys, and which access class
+each opens.
 
 Keys are compared as SHA-256 digests with `hmac.compare_digest` against every configured key,
 so neither the key nor its length leaks through timing (CVE-2025-59425). The decision uses the
@@ -45,6 +46,15 @@ class Keyring:
 
 def _digest(value: bytes) -> bytes:
     return hashlib.sha256(value).digest()
+
+
+def presented_key(authorization: bytes | None, api_key: bytes | None) -> bytes | None:
+    """The key a request presents: its `Authorization: Bearer` token, else its `x-api-key`
+    header (what Anthropic's SDKs before 1.0 and many agents send)."""
+    token = bearer_token(authorization)
+    if token is None and api_key is not None:
+        token = api_key.strip() or None
+    return token
 
 
 def bearer_token(authorization: bytes | None) -> bytes | None:

@@ -1,8 +1,9 @@
 """Reasoning on the real engine: a gateway configured with vLLM's `qwen3` reasoning parser and
 the `hermes` tool-call parser, without LoRA (so prompt logprobs are served, which vLLM cannot do
-on the CPU with LoRA), driven by the `openai` SDK. The demo model's template opens a
-`<think>` block when `enable_thinking` (or a `reasoning_effort` other than "none") asks for one;
-its random output is forced into think markup with a regex so the parser has work to do."""
+on the CPU with LoRA), driven by the `openai` SDK (and the `anthropic` SDK for `thinking`). The
+demo model's template opens a `<think>` block when `enable_thinking` (or a `reasoning_effort`
+other than "none") asks for one; its random output is forced into think markup with a regex so
+the parser has work to do."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import pytest
 from openai import OpenAI
 
@@ -143,3 +145,34 @@ def test_prompt_logprobs_are_served_without_lora(client: OpenAI) -> None:
         assert 1 <= len(row) <= 3  # the prompt token and up to two alternatives
         for entry in row.values():
             assert entry["logprob"] <= 0 and entry["rank"] >= 1 and "decoded_token" in entry
+
+
+# ---- Anthropic's Messages API on the same server: `thinking` ------------------------------------
+
+
+def test_anthropic_thinking_opens_the_template_and_the_parser_makes_thinking_blocks(
+    reasoning_server: RunningServer,
+) -> None:
+    """`thinking` sets the template's `enable_thinking` (it opens a think block: more prompt
+    tokens); the answer's reasoning is a `thinking` block, streamed or not."""
+    with anthropic.Anthropic(
+        base_url=reasoning_server.url, api_key="EMPTY", max_retries=0
+    ) as sdk:
+        fields: dict[str, Any] = {"model": "tiny", "messages": MESSAGES, "max_tokens": 8,
+                                  "extra_body": {"temperature": 0}}
+        plain = sdk.messages.count_tokens(model="tiny", messages=MESSAGES)
+        opened = sdk.messages.count_tokens(
+            model="tiny", messages=MESSAGES, thinking={"type": "enabled", "budget_tokens": 1024}
+        )
+        assert opened.input_tokens > plain.input_tokens
+        thinking: Any = {"type": "enabled", "budget_tokens": 1024}
+        whole = sdk.messages.create(thinking=thinking, **fields)
+        with sdk.messages.stream(thinking=thinking, **fields) as stream:
+            final = stream.get_final_message()
+    kinds = [block.type for block in whole.content]
+    assert kinds[0] == "thinking", whole.content
+    assert whole.content[0].thinking  # type: ignore[union-attr]
+    assert [b.type for b in final.content] == kinds
+    assert [getattr(b, "thinking", None) or getattr(b, "text", "") for b in final.content] == [
+        getattr(b, "thinking", None) or getattr(b, "text", "") for b in whole.content
+    ]

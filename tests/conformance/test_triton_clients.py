@@ -100,6 +100,18 @@ def test_server_and_models_are_live_and_ready(client: triton.InferenceServerClie
     assert not client.is_model_ready("nope")
 
 
+def test_health_bodies_are_the_open_inference_protocols(live_server: RunningServer) -> None:
+    """What KServe's InferenceRESTClient reads: `live` and `ready` from the body of a 2xx answer,
+    a model's readiness from the status (kserve/kserve python/kserve/kserve/inference_client.py;
+    the `kserve` package itself would pin protobuf and psutil below what vLLM runs with here)."""
+    with httpx.Client(base_url=live_server.url, timeout=30) as http:
+        assert http.get("/v2/health/live").json() == {"live": True}
+        assert http.get("/v2/health/ready").json() == {"ready": True}
+        assert http.get("/v2/models/a1/ready").json() == {"name": "a1", "ready": True}
+        versioned = http.get("/v2/models/tiny/versions/1/ready")
+        assert versioned.json() == {"name": "tiny", "ready": True}
+
+
 def test_server_metadata_advertises_implemented_extensions(
     client: triton.InferenceServerClient,
 ) -> None:

@@ -15,6 +15,7 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -260,6 +261,27 @@ def test_openai_sdk_passes_its_api_key(keyed: RunningServer) -> None:
         bad.completions.create(model="tiny", prompt="hello", max_tokens=2)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
+
+
+def test_anthropic_sdk_passes_its_key_as_bearer_or_x_api_key(keyed: RunningServer) -> None:
+    """Current SDKs send `Authorization: Bearer`; older ones and many agents `x-api-key`."""
+    user = [{"role": "user", "content": "hello world"}]
+    good = anthropic.Anthropic(base_url=keyed.url, api_key=API_KEYS[0], max_retries=0)
+    assert good.messages.create(model="tiny", max_tokens=2, messages=user).usage.output_tokens
+    old_style = httpx.post(
+        f"{keyed.url}/v1/messages", json={"model": "tiny", "max_tokens": 2, "messages": user},
+        headers={"x-api-key": API_KEYS[1], "anthropic-version": "2023-06-01"}, timeout=30,
+    )
+    assert old_style.status_code == 200, old_style.text
+    bad = anthropic.Anthropic(base_url=keyed.url, api_key="sk-wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as refused:
+        bad.messages.create(model="tiny", max_tokens=2, messages=user)
+    assert refused.value.body == {"type": "error", "error": {
+        "type": "authentication_error", "message": "An API key was not accepted for this route."}}
+    wrong = httpx.post(f"{keyed.url}/v1/messages/count_tokens",
+                       json={"model": "tiny", "messages": user},
+                       headers={"x-api-key": "sk-wrong"}, timeout=30)
+    assert wrong.status_code == 401 and wrong.headers["request-id"]
 
 
 def test_huggingface_hub_client_passes_its_token(keyed: RunningServer) -> None:

@@ -238,11 +238,18 @@ REFUSALS: tuple[tuple[str, dict[str, Any], Callable[[Any], bool]], ...] = (
     ("/generate_stream", {"inputs": "hi"}, lambda b: b["error_type"] == "unhealthy"),
     ("/v2/models/tiny/generate", {"text_input": "hi"}, lambda b: isinstance(b["error"], str)),
     ("/infer", {"inputs": "hi"}, lambda b: b["error_type"] == "Service Unavailable"),
+    (  # Anthropic's status for "cannot take it now" is 529
+        "/v1/messages",
+        {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+        lambda b: b["error"]["type"] == "overloaded_error",
+    ),
 )
+ANTHROPIC_OVERLOADED = {"/v1/messages": 529}
 
 
 async def refused_while_draining(http: httpx.AsyncClient) -> list[str]:
-    """Every protocol answers a new request with 503, Retry-After and its own error shape."""
+    """Every protocol answers a new request with 503 (Anthropic: 529), Retry-After and its own
+    error shape."""
     problems = []
     for path, body, shape in REFUSALS:
         response = await http.post(path, json=body)
@@ -250,6 +257,7 @@ async def refused_while_draining(http: httpx.AsyncClient) -> list[str]:
             shaped = shape(response.json())
         except (KeyError, TypeError, ValueError):
             shaped = False
-        if response.status_code != 503 or "retry-after" not in response.headers or not shaped:
+        status = ANTHROPIC_OVERLOADED.get(path, 503)
+        if response.status_code != status or "retry-after" not in response.headers or not shaped:
             problems.append(f"{path}: {response.status_code} {response.headers} {response.text}")
     return problems

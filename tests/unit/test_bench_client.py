@@ -62,6 +62,31 @@ def test_djl_json_lines_without_trailing_newline_are_read() -> None:
     assert _read("djl", [(0.01, lines)]).text_events == 2
 
 
+def test_anthropic_events_count_deltas_and_read_the_usage() -> None:
+    events = (
+        b'event: message_start\ndata: {"type":"message_start","message":{"usage":'
+        b'{"input_tokens":5,"output_tokens":0}}}\n\n'
+        b'event: ping\ndata: {"type":"ping"}\n\n'
+        b'event: content_block_start\ndata: {"type":"content_block_start","index":0}\n\n'
+        b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+        b'"delta":{"type":"text_delta","text":"a"}}\n\n'
+    )
+    tail = (
+        b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+        b'"delta":{"type":"text_delta","text":"b"}}\n\n'
+        b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+        b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":'
+        b'"max_tokens"},"usage":{"input_tokens":5,"output_tokens":2}}\n\n'
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    )
+    record = _read("anthropic", [(0.02, events), (0.05, tail)])
+    record.ok = True
+    assert record.ttft == pytest.approx(0.02)
+    assert (record.tokens, record.prompt_tokens, record.text_events) == (2, 5, 2)
+    failed = b'event: error\ndata: {"type":"error","error":{"type":"api_error","message":"x"}}\n\n'
+    assert "api_error" in (_read("anthropic", [(0.01, failed)]).error or "")
+
+
 def test_stream_error_event_marks_the_request_failed() -> None:
     event = b'data: {"error":{"message":"boom","type":"InternalServerError"}}\n\n'
     assert "boom" in (_read("openai-chat", [(0.01, event)]).error or "")

@@ -106,20 +106,28 @@ async def test_server_metadata_lists_only_implemented_extensions(app: App) -> No
     }
 
 
-async def test_health_routes_answer_empty_200(app: App) -> None:
-    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/tiny/ready",
-                 "/v2/models/a1/versions/1/ready"):
+async def test_health_routes_answer_the_open_inference_protocol_bodies(app: App) -> None:
+    """What KServe's InferenceRESTClient reads (`live`, `ready`); tritonclient reads the status."""
+    expected = {
+        "/v2/health/live": {"live": True},
+        "/v2/health/ready": {"ready": True},
+        "/v2/models/tiny/ready": {"name": "tiny", "ready": True},
+        "/v2/models/a1/versions/1/ready": {"name": "a1", "ready": True},
+    }
+    for path, body in expected.items():
         r = await app.client.get(path)
-        assert (r.status_code, r.content) == (200, b""), path
+        assert (r.status_code, r.json()) == (200, body), path
+        assert r.headers["content-type"] == "application/json"
 
 
-async def test_readiness_is_400_empty_when_not_accepting(app: App) -> None:
+async def test_readiness_is_400_and_false_when_not_accepting(app: App) -> None:
     app.service.lifecycle.begin_drain()
     r = await app.client.get("/v2/health/ready")
-    assert (r.status_code, r.content) == (400, b"")
+    assert (r.status_code, r.json()) == (400, {"ready": False})
     r = await app.client.get("/v2/models/tiny/ready")
-    assert (r.status_code, r.json()) == (400, {"error": "Model version not ready"})
-    assert (await app.client.get("/v2/health/live")).status_code == 200
+    assert (r.status_code, r.json()) == (400, {"name": "tiny", "ready": False})
+    r = await app.client.get("/v2/health/live")
+    assert (r.status_code, r.json()) == (200, {"live": True})
 
 
 async def test_unknown_model_and_version_return_404_in_triton_words(app: App) -> None:

@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from protocols.common.tools import scan_calls
 from protocols.openai_v1 import schema, tools
 from server.core.errors import InvalidRequest
 from server.core.types import ChatPrompt
@@ -165,7 +166,7 @@ def test_required_schema_is_vllm_s_and_parallel_false_allows_one_call() -> None:
 def test_scan_calls_reads_finished_and_unfinished_answers(
     text: str, expected: list[tuple[str, str, bool]]
 ) -> None:
-    assert tools.scan_calls(text) == expected
+    assert scan_calls(text) == expected
 
 
 # ---- auto ----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from protocols.common.chat import response_model
 from protocols.openai_v1 import errors, routes, schema, translate
 from server.core.adapter_files import AdapterRules
 from server.core.adapters import AdapterLimits, AdapterRegistry
@@ -261,9 +262,9 @@ def test_completion_refusals_name_the_param(fields: dict[str, Any], param: str) 
 
 
 def test_response_model_echoes_adapter_and_maps_base_aliases() -> None:
-    assert translate.response_model("a1", {"tiny", "tiny-alias"}, "tiny") == "a1"
-    assert translate.response_model("tiny-alias", {"tiny", "tiny-alias"}, "tiny") == "tiny"
-    assert translate.response_model("", {"tiny"}, "tiny") == "tiny"
+    assert response_model("a1", {"tiny", "tiny-alias"}, "tiny") == "a1"
+    assert response_model("tiny-alias", {"tiny", "tiny-alias"}, "tiny") == "tiny"
+    assert response_model("", {"tiny"}, "tiny") == "tiny"
 
 
 # ---- outbound: chat -----------------------------------------------------------------------------

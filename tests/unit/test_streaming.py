@@ -59,6 +59,10 @@ STREAMS = [
     Stream("djl-rolling-batch", "/invocations",
            {"inputs": "a b c", "stream": True, "parameters": {"max_new_tokens": 8}},
            b'"finish_reason":"error"', config={"ProtocolConfig": {"rollingBatch": "vllm"}}),
+    Stream("anthropic", "/v1/messages",
+           {"model": "tiny", "messages": [{"role": "user", "content": "a b c"}],
+            "stream": True, "max_tokens": 8},
+           b'event: error\ndata: {"type":"error","error":{'),
 ]
 IDS = [s.name for s in STREAMS]
 

@@ -1,0 +1,384 @@
+"""Anthropic's Messages API on the fake engine: the translator (prompts, tools, sampling), the
+non-streamed and streamed answers as the `anthropic` SDK reads them, count_tokens, and every
+error class through the SDK's own exception types."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anthropic
+import httpx
+import httpx2
+import jsonschema
+import pytest
+
+from protocols.anthropic import schema, translate
+from protocols.common.tools import ToolPlan
+from server.core.errors import EngineError, InvalidRequest, Unsupported
+from server.core.types import ChatMessage, SamplingDefaults, ToolCall
+from server.engines.fake import FakeScript
+from server.gateway import Gateway
+from server.http.context import RequestBounds
+from tests.unit.gateway_kit import make_gateway
+
+pytestmark = pytest.mark.anyio
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+    "required": ["city", "days"],
+}
+TOOLS: list[Any] = [
+    {"name": "get_weather", "description": "Weather", "input_schema": WEATHER},
+    {"name": "noop", "input_schema": {"type": "object", "properties": {}}},
+]
+USER: list[Any] = [{"role": "user", "content": "hello there"}]
+
+
+def body(**fields: Any) -> schema.MessagesRequest:
+    return schema.MessagesRequest.model_validate(
+        {"model": "tiny", "max_tokens": 8, "messages": USER, **fields}
+    )
+
+
+def sdk(gateway: Gateway, **headers: str) -> anthropic.AsyncAnthropic:
+    transport = httpx2.ASGITransport(app=gateway.app(("data",)))
+    return anthropic.AsyncAnthropic(
+        api_key="sk-unit", base_url="http://gateway", max_retries=0,
+        http_client=httpx2.AsyncClient(transport=transport, base_url="http://gateway"),
+        default_headers=headers,
+    )
+
+
+def raw(gateway: Gateway) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=gateway.app(("data",)))
+    return httpx.AsyncClient(transport=transport, base_url="http://gateway")
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[anthropic.AsyncAnthropic]:
+    async with sdk(make_gateway()) as sdk_client:
+        yield sdk_client
+
+
+# ---- the translator ---------------------------------------------------------------------------
+
+
+def test_system_blocks_and_turns_become_chat_messages() -> None:
+    request = body(
+        system=[{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}],
+        messages=[
+            {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "look it up", "signature": "s"},
+                {"type": "text", "text": "Let me look."},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                 "input": {"city": "Paris", "days": 1}},
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1",
+                 "content": [{"type": "text", "text": "sunny"}]},
+                {"type": "text", "text": "And tomorrow?"},
+            ]},
+        ],
+    )
+    prompt = translate.chat_prompt(request, ToolPlan())
+    assert prompt.messages == (
+        ChatMessage("system", "Be brief."),  # joined as vLLM joins them
+        ChatMessage("user", "Weather?"),
+        ChatMessage("assistant", "Let me look.", tool_calls=(ToolCall(
+            id="toolu_1", name="get_weather", arguments='{"city":"Paris","days":1}'),),
+            reasoning="look it up"),
+        ChatMessage("tool", "sunny", tool_call_id="toolu_1"),  # results before the text
+        ChatMessage("user", "And tomorrow?"),
+    )
+    assert prompt.add_generation_prompt and not prompt.continue_final_message
+
+
+def test_a_final_assistant_turn_is_continued_and_thinking_sets_the_template() -> None:
+    request = body(
+        messages=[*USER, {"role": "assistant", "content": "The answer is"}],
+        thinking={"type": "enabled", "budget_tokens": 2048},
+    )
+    prompt = translate.chat_prompt(request, ToolPlan())
+    assert prompt.continue_final_message and not prompt.add_generation_prompt
+    assert dict(prompt.chat_template_kwargs) == {"enable_thinking": True}
+    disabled = translate.chat_prompt(body(thinking={"type": "disabled"}), ToolPlan())
+    assert dict(disabled.chat_template_kwargs) == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize(
+    ("messages", "error", "param"),
+    [
+        ([{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}],
+         Unsupported, "messages.0.content.0"),
+        ([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+            {"type": "image", "source": {}}]}]}], Unsupported, "messages.0.content.0.content.0"),
+        ([{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f",
+                                        "input": {}}]}], InvalidRequest, "messages.0.content.0"),
+        ([{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t"}]}],
+         InvalidRequest, "messages.0.content.0"),
+    ],
+)
+def test_media_and_misplaced_blocks_are_refused(
+    messages: list[Any], error: type[Exception], param: str
+) -> None:
+    with pytest.raises(error) as caught:
+        translate.chat_prompt(body(messages=messages), ToolPlan())
+    assert getattr(caught.value, "param", None) == param
+
+
+def test_tool_choice_maps_to_the_shared_plans() -> None:
+    plan = translate.tool_plan(body(tools=TOOLS), tool_call_parser="hermes")
+    assert plan.mode == "auto" and [f.name for f in plan.functions] == ["get_weather", "noop"]
+    assert translate.tool_plan(body(tools=TOOLS), tool_call_parser=None).mode == "none"
+    forced = translate.tool_plan(
+        body(tools=TOOLS, tool_choice={"type": "any", "disable_parallel_tool_use": True}),
+        tool_call_parser=None,
+    )
+    assert forced.mode == "required" and not forced.parallel
+    named = translate.tool_plan(
+        body(tools=TOOLS, tool_choice={"type": "tool", "name": "get_weather"}),
+        tool_call_parser=None,
+    )
+    assert (named.mode, named.function) == ("named", "get_weather")
+    structured = named.structured()
+    assert structured is not None and structured.fit_budget
+    assert translate.tool_plan(
+        body(tools=TOOLS, tool_choice={"type": "none"}), tool_call_parser="hermes"
+    ).mode == "none"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tool_choice": {"type": "any"}}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice.name"),
+        ({"tools": TOOLS, "tool_choice": {"type": "tool"}}, "tool_choice.name"),
+        ({"tools": [{"name": "f", "input_schema": {"type": "strng"}}]}, "tools.0.input_schema"),
+    ],
+)
+def test_bad_tools_name_the_field(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        translate.tool_plan(body(**fields), tool_call_parser=None)
+    assert caught.value.param == param
+
+
+def test_sampling_takes_the_request_then_the_models_defaults() -> None:
+    defaults = SamplingDefaults(temperature=0.6, top_p=0.9, repetition_penalty=1.1)
+    given = translate.message_request(
+        body(temperature=0.2, top_k=5, stop_sequences=["END"]), request_id="r",
+        plan=ToolPlan(), bounds=RequestBounds(), defaults=defaults,
+    )
+    sampling = given.sampling
+    assert (sampling.temperature, sampling.top_p, sampling.top_k) == (0.2, 0.9, 5)
+    assert sampling.repetition_penalty == 1.1 and sampling.stop == ("END",)
+    assert sampling.max_new_tokens == 8 and given.protocol == "anthropic"
+    with pytest.raises(InvalidRequest) as caught:
+        translate.message_request(
+            body(stop_sequences=[""]), request_id="r", plan=ToolPlan(),
+            bounds=RequestBounds(), defaults=defaults,
+        )
+    assert caught.value.param == "stop_sequences"
+
+
+# ---- answers through the SDK ------------------------------------------------------------------
+
+
+async def test_a_message_and_its_stream_agree(client: anthropic.AsyncAnthropic) -> None:
+    message = await client.messages.create(
+        model="tiny", max_tokens=8, system="be nice", messages=USER
+    )
+    assert message.type == "message" and message.role == "assistant"
+    assert message.model == "tiny" and message.id.startswith("msg_")
+    assert message.stop_reason == "max_tokens" and message.stop_sequence is None
+    assert message.usage.output_tokens == 8
+    [block] = message.content
+    assert block.type == "text" and block.text
+    async with client.messages.stream(
+        model="tiny", max_tokens=8, system="be nice", messages=USER
+    ) as stream:
+        texts = [text async for text in stream.text_stream]
+        final = await stream.get_final_message()
+    assert "".join(texts) == block.text
+    assert [(b.type, b.text) for b in final.content] == [("text", block.text)]  # type: ignore[union-attr]
+    assert final.usage == message.usage
+    assert final.stop_reason == message.stop_reason
+
+
+async def test_the_stream_names_every_event(client: anthropic.AsyncAnthropic) -> None:
+    gateway = make_gateway()
+    async with raw(gateway) as http:
+        response = await http.post("/v1/messages", json={
+            "model": "tiny", "max_tokens": 4, "stream": True, "messages": USER})
+    assert response.headers["request-id"]
+    frames = [f for f in response.text.split("\n\n") if f]
+    names = [f.split("\n")[0].removeprefix("event: ") for f in frames]
+    assert names[:3] == ["message_start", "ping", "content_block_start"]
+    assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert set(names[3:-3]) == {"content_block_delta"}
+    for frame in frames:  # every data line follows its event line, and names the same type
+        event, data = frame.split("\n")
+        assert data.startswith("data: ") and f'"type":"{event[7:]}"' in data
+
+
+async def test_a_stop_sequence_is_cut_and_named(client: anthropic.AsyncAnthropic) -> None:
+    first = await client.messages.create(model="tiny", max_tokens=8, messages=USER)
+    word = first.content[0].text.split()[2]  # type: ignore[union-attr]
+    message = await client.messages.create(
+        model="tiny", max_tokens=8, messages=USER, stop_sequences=[word]
+    )
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence == word
+    assert word not in message.content[0].text  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
+async def test_forced_tool_calls_validate_streamed_or_not(
+    client: anthropic.AsyncAnthropic, choice: Any
+) -> None:
+    message = await client.messages.create(
+        model="tiny", max_tokens=40, messages=USER, tools=TOOLS, tool_choice=choice
+    )
+    assert message.stop_reason == "tool_use"
+    calls = [b for b in message.content if b.type == "tool_use"]
+    assert calls and all(b.type != "text" for b in message.content)
+    for call in calls:
+        if call.name == "get_weather":
+            jsonschema.validate(call.input, WEATHER)
+    async with client.messages.stream(
+        model="tiny", max_tokens=40, messages=USER, tools=TOOLS, tool_choice=choice
+    ) as stream:
+        final = await stream.get_final_message()
+    assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [
+        (c.name, c.input) for c in calls
+    ]
+    assert final.stop_reason == "tool_use"
+
+
+async def test_count_tokens_is_the_messages_input_tokens(
+    client: anthropic.AsyncAnthropic,
+) -> None:
+    fields: dict[str, Any] = {"model": "tiny", "system": "be nice", "messages": USER,
+                              "tools": TOOLS}
+    counted = await client.messages.count_tokens(**fields)
+    message = await client.messages.create(max_tokens=2, **fields)
+    assert counted.input_tokens == message.usage.input_tokens > 0
+
+
+# ---- errors -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"max_tokens": None}, "max_tokens: Field required"),
+        ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, "'video'"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+         "text only"),
+        ({"temperature": 3}, "temperature"),
+        ({"messages": []}, "messages"),
+    ],
+)
+async def test_bad_input_is_an_invalid_request_error(
+    client: anthropic.AsyncAnthropic, fields: dict[str, Any], words: str
+) -> None:
+    request: dict[str, Any] = {"model": "tiny", "max_tokens": 4, "messages": USER, **fields}
+    request = {k: v for k, v in request.items() if v is not None}
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await client.post("/v1/messages", cast_to=object, body=request)
+    assert caught.value.status_code == 400
+    assert caught.value.body["type"] == "error"  # type: ignore[index]
+    assert caught.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert words in caught.value.message
+    message = await client.messages.create(model="tiny", max_tokens=2, messages=USER)
+    assert message.usage.output_tokens == 2  # the engine serves on
+
+
+async def test_each_error_class_reaches_the_sdks_exception_type() -> None:
+    async with sdk(make_gateway()) as client:
+        with pytest.raises(anthropic.NotFoundError) as missing:
+            await client.messages.create(model="nope", max_tokens=2, messages=USER)
+        assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    small = make_gateway(overrides={"ServerConfig": {"maxRequestLength": 1}})  # 1 MiB
+    async with sdk(small) as client:
+        with pytest.raises(anthropic.ContentTooLargeError) as large:
+            await client.messages.create(
+                model="tiny", max_tokens=2, messages=USER, system="x" * (1 << 20)
+            )
+        assert large.value.body["error"]["type"] == "request_too_large"  # type: ignore[index]
+    failing = make_gateway(FakeScript(reject_with=EngineError("scripted failure")))
+    async with sdk(failing) as client:
+        with pytest.raises(anthropic.InternalServerError) as internal:
+            await client.messages.create(model="tiny", max_tokens=2, messages=USER)
+        assert internal.value.body["error"]["type"] == "api_error"  # type: ignore[index]
+    draining = make_gateway()
+    draining.lifecycle.begin_drain()
+    async with sdk(draining) as client:
+        with pytest.raises(anthropic.OverloadedError) as overloaded:
+            await client.messages.create(model="tiny", max_tokens=2, messages=USER)
+        assert overloaded.value.status_code == 529
+        assert overloaded.value.response.headers["retry-after"]
+
+
+async def test_a_full_queue_is_a_rate_limit_error() -> None:
+    gateway = make_gateway(overrides={
+        "LimitsConfig": {"maxConcurrentRequests": 1, "maxQueue": 0}})
+    await gateway.service.admission.acquire(1, "")  # the one slot is taken
+    async with sdk(gateway) as client:
+        with pytest.raises(anthropic.RateLimitError) as caught:
+            await client.messages.create(model="tiny", max_tokens=2, messages=USER)
+    assert caught.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+    assert caught.value.response.headers["retry-after"]
+    gateway.service.admission.release()
+
+
+async def test_an_error_after_the_first_byte_is_an_error_event() -> None:
+    gateway = make_gateway(FakeScript(fail_after=2))
+    async with sdk(gateway) as client:
+        with pytest.raises(anthropic.APIStatusError) as caught:
+            async with client.messages.stream(model="tiny", max_tokens=8, messages=USER) as s:
+                await s.get_final_message()
+    assert caught.value.body["error"]["type"] == "api_error"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("header", ["x-api-key", "authorization"])
+async def test_keys_come_as_x_api_key_or_bearer(header: str) -> None:
+    gateway = make_gateway(overrides={"SecurityConfig": {"apiKeys": ["sk-right"]}})
+    value = "sk-right" if header == "x-api-key" else "Bearer sk-right"
+    async with raw(gateway) as http:
+        refused = await http.post("/v1/messages", json={
+            "model": "tiny", "max_tokens": 2, "messages": USER})
+        assert refused.status_code == 401
+        assert refused.json()["error"]["type"] == "authentication_error"
+        answered = await http.post(
+            "/v1/messages", json={"model": "tiny", "max_tokens": 2, "messages": USER},
+            headers={header: value, "anthropic-version": "2023-06-01",
+                     "anthropic-beta": "tools-2024-04-04"},
+        )
+        assert answered.status_code == 200, answered.text
+    async with sdk(gateway) as client:
+        with pytest.raises(anthropic.AuthenticationError):
+            await client.messages.create(model="tiny", max_tokens=2, messages=USER)
+
+
+async def test_metrics_count_the_protocol_by_name() -> None:
+    gateway = make_gateway()
+    async with raw(gateway) as http:
+        await http.post("/v1/messages", json={"model": "tiny", "max_tokens": 2, "messages": USER})
+        await http.post("/v1/messages/count_tokens", json={"model": "nope", "messages": USER})
+    registry = gateway.metrics.registry
+    http_name = "gateway_http_requests_total"
+    assert registry.get_sample_value(
+        http_name, {"protocol": "anthropic", "endpoint": "/v1/messages", "status": "200"}
+    ) == 1
+    assert registry.get_sample_value(
+        http_name,
+        {"protocol": "anthropic", "endpoint": "/v1/messages/count_tokens", "status": "404"},
+    ) == 1
+    generations = [
+        s for family in registry.collect() for s in family.samples
+        if s.name.startswith("gateway_generation_requests") and s.value
+    ]
+    assert {s.labels.get("protocol") for s in generations} == {"anthropic"}
