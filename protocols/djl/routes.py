@@ -2,7 +2,7 @@
 
 Data plane (`data_routes`): GET|POST /ping, POST /predictions/{model}[/{version}] and POST
 /invocations, whose `messages` and `prompt` bodies OpenAI's routes claim (the gateway dispatches
-by body keys; DJL's adapter selectors apply to every shape: `server/http/sagemaker.py`).
+by body keys; DJL's adapter selectors apply to every shape: `protocols/common/sagemaker.py`).
 `{model}` is a served base-model name or a DJL workflow name (an alias of its adapter). Answers
 are in LMI's async-mode schema, or its rolling-batch one with `option.rolling_batch=vllm`
 (`responses.py`).
@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
+from protocols.common import sagemaker
 from protocols.djl import errors, responses, schema, translate
 from protocols.djl.schema import LmiRequest
 from server.core.adapters import AdapterRecord, AdapterRegistry
@@ -38,7 +39,7 @@ from server.core.errors import (
 )
 from server.core.lifecycle import State
 from server.core.types import Delta, GenerationEvent, Started
-from server.http import jsonio, sagemaker
+from server.http import jsonio
 from server.http.body import decode_json, parse_model, read_body, request_id_header
 from server.http.context import ProtocolContext, current_request_id
 from server.http.disconnect import until_disconnect

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import Response
 
+from protocols.common import sagemaker
 from protocols.tgi import errors, translate
 from protocols.tgi.schema import GenerateRequest
 from server.core.errors import AdapterNotFound, GatewayError
 from server.core.service import PromptFit
 from server.core.types import Delta, GenerationEvent, GenerationRequest, Started
-from server.http import jsonio, sagemaker
+from server.http import jsonio
 from server.http.body import decode_json, json_response, parse_model, read_body, request_id_header
 from server.http.context import ProtocolContext, current_request_id
 from server.http.disconnect import until_disconnect
@@ -211,7 +212,7 @@ def compat(ctx: ProtocolContext) -> Endpoint:
 
 def invocations(ctx: ProtocolContext) -> Endpoint:
     """SageMaker `/invocations` with a TGI body: TGI's `POST /` (`sagemaker.rs`). DJL's adapter
-    selectors (`?adapter=`, `?model_name=`, the SageMaker headers; `server/http/sagemaker.py`)
+    selectors (`?adapter=`, `?model_name=`, the SageMaker headers; `protocols/common/sagemaker.py`)
     name the adapter over `parameters.adapter_id`."""
 
     async def endpoint(request: Request) -> Answer:
