@@ -12,8 +12,6 @@ from server.core.service import InferenceService
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 MAX_REQUEST_ID = 256  # a longer X-Request-Id is replaced, not echoed
-# The ids MindIE accepts for a request's `id` and for stopInfer (its std::regex, whole string).
-MINDIE_REQUEST_ID = r"^[a-zA-Z0-9_-]{1,256}$"
 _PREFIX = secrets.token_hex(8)
 _COUNTER = itertools.count(1)
 
