@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from protocols.openai_v1 import schema, tools
-from protocols.openai_v1.errors import status_and_type
+from protocols.openai_v1.errors import ResponseNotFound, status_and_type
 from protocols.openai_v1.tools import ChoiceReader, Function, Mode, ToolPlan
 from protocols.openai_v1.translate import (
     TEXT_PART_TYPES,
@@ -32,7 +32,7 @@ from protocols.openai_v1.translate import (
     with_effort,
 )
 from server.core.engine import OutputParser
-from server.core.errors import GatewayError, InvalidRequest, ModelNotFound, Unsupported
+from server.core.errors import GatewayError, InvalidRequest, Unsupported
 from server.core.peers import Peers
 from server.core.types import (
     ChatMessage,
@@ -110,15 +110,6 @@ class ResponseStore:
 
     async def _find(self, response_id: str) -> Stored | None:
         return self._items.get(response_id)
-
-
-class ResponseNotFound(ModelNotFound):
-    """vLLM: 404 `invalid_request_error` with `param: response_id`."""
-
-    error_type = "response_not_found"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, param="response_id")
 
 
 # ---- inbound ----------------------------------------------------------------------------------
