@@ -131,6 +131,16 @@ class RouteList:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Unrouted:
+    """How a listener without data routes (management, metrics) answers what no route serves;
+    its `render` also shapes the errors of the server's own routes there (OpenAPI, /metrics)."""
+
+    render: Render
+    not_found: Callable[[Scope], Response]
+    method_not_allowed: Callable[[tuple[str, ...]], Response]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProtocolSpec:
     """Everything the server needs to serve one protocol; exported as `SPEC` by its package."""
 
@@ -139,3 +149,8 @@ class ProtocolSpec:
     routes: Callable[[ProtocolContext], Sequence[Route]]
     live_paths: frozenset[str] = frozenset()  # GET paths that answer 200 while the engine starts
     grpc: Callable[[ProtocolContext], Sequence[GrpcService]] | None = None  # its gRPC services
+    # its control plane on the management and metrics listeners (built after every spec's data
+    # routes, from a context that carries the server port), and how those listeners answer
+    # paths no route serves; at most one spec declares `unrouted`
+    management: Callable[[ProtocolContext], Sequence[Route]] | None = None
+    unrouted: Unrouted | None = None
