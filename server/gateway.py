@@ -24,7 +24,6 @@ import protocols
 from server import __version__
 from server.control import openapi
 from server.control.grpc_health import health_service
-from server.core import workflows
 from server.core.adapter_files import AdapterRules, BaseModelShape
 from server.core.adapter_state import SavedAdapter, StateFileError, read_state
 from server.core.adapters import AdapterLimits, AdapterRegistry
@@ -59,6 +58,7 @@ class Gateway:
     routes: tuple[Route, ...]  # every route of every listener
     grpc_services: tuple[GrpcService, ...]  # the gRPC listener's services, health last
     registries: tuple[CollectorRegistry, ...]  # /metrics: GatewayMetrics.registries
+    context: ProtocolContext  # what every protocol's routes, services and start-up see
 
     def app(self, roles: tuple[str, ...]) -> ListenerApp:
         """The app of a listener serving `roles` (one address may serve several)."""
@@ -148,6 +148,7 @@ def build_gateway(
         routes=routes,
         grpc_services=_grpc_services(context),
         registries=registries,
+        context=context,
     )
 
 
@@ -235,16 +236,24 @@ def protocol_context(
         server_version=__version__,
         created=int(time.time()),
         allow_runtime_lora=lora.enabled and lora.allow_runtime_updates,
-        lmi_rolling_batch=settings.protocols.rolling_batch != "auto",
-        tgi_compat=settings.protocols.tgi_compat,
+        options=protocol_options(settings),
         server=server,
     )
+
+
+def protocol_options(settings: Settings) -> dict[str, Any]:
+    """The settings protocols declare they read (`ProtocolSpec.options`), by field name: the
+    protocols section, and the workflow files resolved."""
+    options: dict[str, Any] = settings.protocols.model_dump()
+    options["workflows"] = tuple(resolve_path(settings, w) for w in settings.lora.workflows)
+    return options
 
 
 def _config_facts(settings: Settings) -> ConfigFacts:
     model = settings.model
     return ConfigFacts(
         model_name=model.name,
+        model_path=resolve_path(settings, model.weight_path),
         kv_cache_gib=model.kv_cache_space_gib,
         world_size=model.tensor_parallel_size * model.pipeline_parallel_size,
         settings=redacted(settings),
@@ -312,25 +321,20 @@ def request_bounds(settings: Settings) -> RequestBounds:
 async def register_startup_adapters(
     gateway: Gateway, saved: Sequence[SavedAdapter] = ()
 ) -> None:
-    """Adapters from the `adapters/` folder and the config list, the DJL workflows, then the
-    state file's runtime registrations. A bad one is logged, not fatal."""
+    """Adapters from the `adapters/` folder and the config list, then the state file's runtime
+    registrations, then each protocol's start-up (DJL's workflows). A bad one is logged, not
+    fatal."""
     settings = gateway.settings
-    lora = settings.lora
-    if not lora.enabled:
-        return
-    entries = startup_adapter_entries(settings)
-    entries += [(a.name, a.src, a.preload, a.pin, "api") for a in saved]
+    entries = startup_adapter_entries(settings) if settings.lora.enabled else []
+    entries += [(a.name, a.src, a.preload, a.pin, "api") for a in saved if settings.lora.enabled]
     for name, src, preload, pin, origin in entries:
         try:
             await gateway.adapters.register(name, src, preload=preload, pin=pin, origin=origin)
         except Exception as exc:  # one bad adapter must not stop the server
             logger.error("adapter %s from %s not registered: %s", name, src, exc)
-    base = workflows.ServedBase(
-        names=gateway.service.base_names,
-        path=resolve_path(settings, settings.model.weight_path),
-    )
-    specs = workflows.load_workflows([resolve_path(settings, w) for w in lora.workflows], base)
-    await workflows.register_workflows(gateway.adapters, specs)
+    for spec in protocols.REGISTRY:
+        if spec.startup is not None:
+            await spec.startup(gateway.context)
 
 
 def saved_adapters(settings: Settings) -> list[SavedAdapter]:

@@ -28,6 +28,7 @@ from starlette.responses import PlainTextResponse, Response
 
 from protocols.common import sagemaker
 from protocols.djl import errors, responses, schema, translate
+from protocols.djl.options import DjlOptions
 from protocols.djl.schema import LmiRequest
 from server.core.adapters import AdapterRecord, AdapterRegistry
 from server.core.errors import (
@@ -41,7 +42,7 @@ from server.core.lifecycle import State
 from server.core.types import Delta, GenerationEvent, Started
 from server.http import jsonio
 from server.http.body import decode_json, parse_model, read_body, request_id_header
-from server.http.context import ProtocolContext, current_request_id
+from server.http.context import ProtocolContext, current_request_id, options_of
 from server.http.disconnect import until_disconnect
 from server.http.routes import (
     DATA,
@@ -107,8 +108,10 @@ async def _health(ctx: ProtocolContext) -> tuple[int, str]:
 def predictions(ctx: ProtocolContext) -> Endpoint:
     """LMI inference on `/predictions/{model}`: the base model or a workflow."""
 
+    legacy = options_of(DjlOptions, ctx).legacy_rolling_batch
+
     async def endpoint(request: Request) -> Answer:
-        return await _infer(ctx, request)
+        return await _infer(ctx, request, legacy=legacy)
 
     return endpoint
 
@@ -116,8 +119,10 @@ def predictions(ctx: ProtocolContext) -> Endpoint:
 def invocations(ctx: ProtocolContext) -> Endpoint:
     """SageMaker `/invocations` with an LMI body; `?model_name=` may name a workflow."""
 
+    legacy = options_of(DjlOptions, ctx).legacy_rolling_batch
+
     async def endpoint(request: Request) -> Answer:
-        return await _infer(ctx, request)
+        return await _infer(ctx, request, legacy=legacy)
 
     return endpoint
 
@@ -137,7 +142,7 @@ async def _registered(work: Awaitable[T]) -> T:
         ) from None
 
 
-async def _infer(ctx: ProtocolContext, request: Request) -> Answer:
+async def _infer(ctx: ProtocolContext, request: Request, *, legacy: bool) -> Answer:
     chosen = sagemaker.selectors(request, ctx.service)
     body = parse_model(LmiRequest, decode_json(await read_body(request, ctx.max_body_bytes)))
     texts = translate.input_texts(body, ctx.bounds)
@@ -148,7 +153,7 @@ async def _infer(ctx: ProtocolContext, request: Request) -> Answer:
         models=models,
         bounds=ctx.bounds,
         defaults=ctx.service.defaults(),
-        legacy=ctx.lmi_rolling_batch,
+        legacy=legacy,
     )
     service = ctx.service
     if plan.stream:

@@ -24,13 +24,22 @@ from server.core.errors import AdapterNotFound
 from server.core.service import PromptFit
 from server.core.types import Delta, GenerationEvent, GenerationRequest, Started
 from server.http.body import decode_json, json_response, parse_model, read_body, request_id_header
-from server.http.context import ProtocolContext, current_request_id
+from server.http.context import ProtocolContext, current_request_id, options_of
 from server.http.disconnect import until_disconnect
 from server.http.routes import Access, Answer, Doc, Endpoint, Route, RouteList
 from server.http.streaming import EventStreamAnswer
 
 COMPUTE_TYPE = "vllm"
 NAME = "tgi"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TgiOptions:
+    """TGI's settings, declared through its spec."""
+
+    # ProtocolConfig.tgiCompat (DJL's option.tgi_compat): SageMaker /invocations bodies with a
+    # string `inputs` are TGI's
+    tgi_compat: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -281,7 +290,7 @@ def routes(ctx: ProtocolContext) -> list[Route]:
     body = GenerateRequest
     out.post("/", compat(ctx),
              doc=Doc(summary="Generate, streamed when `stream` is true", body=body, streams=True))
-    if ctx.tgi_compat:  # ProtocolConfig.tgiCompat (DJL's option.tgi_compat)
+    if options_of(TgiOptions, ctx).tgi_compat:
         out.post("/invocations", invocations(ctx), claim=tgi_body,
                  doc=Doc(summary="SageMaker: TGI (string `inputs`, tgiCompat)", body=body,
                          streams=True))

@@ -4,15 +4,17 @@ server port), and the per-request context the listener app keeps (request id, sc
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import itertools
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from server.core.lifecycle import Shutdown
 from server.core.service import InferenceService
 
+Options = TypeVar("Options")
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 MAX_REQUEST_ID = 256  # a longer X-Request-Id is replaced, not echoed
 _PREFIX = secrets.token_hex(8)
@@ -87,6 +89,7 @@ class ConfigFacts:
     writes them."""
 
     model_name: str
+    model_path: str  # the served base model's directory, resolved
     kv_cache_gib: int
     world_size: int
     settings: Mapping[str, Any]
@@ -121,6 +124,13 @@ class ProtocolContext:
     server_version: str = "0.1.0"
     created: int = 0  # server start, seconds since the epoch
     allow_runtime_lora: bool = True
-    lmi_rolling_batch: bool = False  # DJL answers in LMI's legacy rolling-batch schema
-    tgi_compat: bool = False  # SageMaker /invocations with a string `inputs` is TGI's
+    # the settings protocols declare they read (ProtocolSpec.options), by field name
+    options: Mapping[str, Any] = field(default_factory=dict)
     server: ServerPort | None = None  # None: no management routes (a context built in a test)
+
+
+def options_of(kind: type[Options], ctx: ProtocolContext) -> Options:
+    """A protocol's typed options (a dataclass whose fields name the settings it reads) from
+    the context; a setting the context lacks keeps the field's default."""
+    names = [f.name for f in dataclasses.fields(kind)]  # type: ignore[arg-type]
+    return kind(**{name: ctx.options[name] for name in names if name in ctx.options})

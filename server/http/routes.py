@@ -154,3 +154,8 @@ class ProtocolSpec:
     # paths no route serves; at most one spec declares `unrouted`
     management: Callable[[ProtocolContext], Sequence[Route]] | None = None
     unrouted: Unrouted | None = None
+    # its typed options: a dataclass whose fields name the settings it reads (context.py
+    # `options_of`); the server hands protocols only settings some spec declares
+    options: type[Any] | None = None
+    # run once at start, after the start-up adapters are registered (e.g. DJL's workflows)
+    startup: Callable[[ProtocolContext], Awaitable[None]] | None = None
