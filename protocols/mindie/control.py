@@ -16,9 +16,7 @@ ready is 503 while draining, stopped or saturated (MindIE "busy"), 500 once the 
 
 from __future__ import annotations
 
-import asyncio
 import os
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,10 +26,10 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from protocols.common.errors import ErrorTable
-from server.core.errors import GatewayError, Overloaded, PayloadTooLarge, Unauthorized
+from protocols.mindie.probe import ProbeGate
+from server.core.errors import GatewayError, PayloadTooLarge, Unauthorized
 from server.core.lifecycle import Lifecycle, Role, Shutdown, State
 from server.core.service import InferenceService
-from server.core.types import GenerationRequest, Sampling, TextPrompt
 from server.http import jsonio
 from server.http.body import json_response
 from server.http.context import ConfigFacts, ServerPort
@@ -207,35 +205,11 @@ def parse_wait(raw: str | None) -> int | Response:
     return seconds
 
 
-async def probe(service: InferenceService, seconds: int) -> Response:
-    """A real one-token generation within `seconds`: 200 healthy (also when merely busy)."""
-    healthy = json_response({"status": "healthy"})
-    if not service.lifecycle.role.admits_requests:
-        try:
-            await asyncio.wait_for(service.check_health(), seconds)
-        except (GatewayError, TimeoutError) as exc:
-            return mindie_error(500, f"Engine health check failed: {exc}")
-        return healthy
-    request = GenerationRequest(
-        request_id=f"health-{uuid.uuid4().hex[:16]}",
-        model="",
-        prompt=TextPrompt("health"),
-        sampling=Sampling(max_new_tokens=1, temperature=0.0),
-        protocol="health",
-        timeout_s=float(seconds),
-    )
-    try:
-        await asyncio.wait_for(service.generate(request), seconds)
-    except Overloaded:
-        return healthy
-    except TimeoutError:
-        return mindie_error(500, f"The health probe did not finish within {seconds} s")
-    except GatewayError as exc:
-        return mindie_error(500, f"The health probe failed: {exc.message}")
-    return healthy
-
-
 def timed_health(service: InferenceService, out: RouteList) -> None:
+    """`/health/timed[-{s}]`: open, so its probes go through one `ProbeGate` (one at a time, a
+    fresh result reused) and cannot be used to load the engine."""
+    gate = ProbeGate(service)
+
     async def endpoint(request: Request) -> Answer:
         state = service.lifecycle.state
         if state in (State.DRAINING, State.STOPPED):
@@ -245,7 +219,10 @@ def timed_health(service: InferenceService, out: RouteList) -> None:
         wait = parse_wait(request.path_params.get("seconds"))
         if isinstance(wait, Response):
             return wait
-        return await probe(service, wait)
+        result = await gate.check(wait)
+        if result.failure is not None:
+            return mindie_error(500, result.failure)
+        return json_response({"status": "healthy"})
 
     doc = Doc(summary="One-token probe (open)")
     out.get("/health/timed", endpoint, access=Access.OPEN, doc=doc)
