@@ -38,6 +38,7 @@ from server.http.context import ConfigFacts, ProtocolContext, RequestBounds, Ser
 from server.http.router import Router
 from server.http.routes import DATA, LISTENERS, MANAGEMENT, Access, Route, Unrouted
 from server.http.rpc import AccessInterceptor, GrpcService
+from server.http.starting import PathOwner, StartingAnswers
 from server.observability import metrics as metrics_routes
 from server.observability.logs import RequestLog
 from server.observability.metrics import GatewayMetrics, LiveState
@@ -180,6 +181,16 @@ def _routes(
 def live_paths() -> frozenset[str]:
     """GET paths that answer 200 while the engine starts: every liveness probe."""
     return frozenset(path for spec in protocols.REGISTRY for path in spec.live_paths)
+
+
+def starting_answers(roles: tuple[str, ...]) -> StartingAnswers:
+    """A listener's answers while the engine starts: on a data listener each protocol renders
+    the 503 of the paths it owns; other paths get the management listeners' answer when the
+    listener has that role, else the first protocol's."""
+    specs = protocols.REGISTRY if DATA in roles else ()
+    owners = [PathOwner(spec.paths, spec.render) for spec in specs]
+    default = _unrouted().render if set(roles) - {DATA} else protocols.REGISTRY[0].render
+    return StartingAnswers(owners, default=default, live=live_paths())
 
 
 def _fallback(roles: tuple[str, ...]) -> Fallback:

@@ -8,5 +8,9 @@ SPEC = ProtocolSpec(
     render=errors.render,
     routes=routes.routes,
     options=options.DjlOptions,
+    paths=frozenset({
+        "/ping", "/invocations", "/predictions/{model:path}", "/adapters", "/adapters/{name:path}",
+        "/models/{model}/adapters", "/models/{model}/adapters/{rest:path}",
+    }),
     startup=options.register_workflows,
 )

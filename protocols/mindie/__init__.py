@@ -19,6 +19,7 @@ SPEC = ProtocolSpec(
     render=errors.render,
     routes=routes.routes,
     live_paths=control.LIVE_PATHS,
+    paths=frozenset({"/infer", "/infer_token", "/v1/tokenizer"}),
     management=management_routes,
     unrouted=control.UNROUTED,
 )

@@ -27,11 +27,11 @@ from starlette.types import Scope
 
 from protocols.common.errors import ErrorTable
 from protocols.mindie.probe import ProbeGate
-from server.core.errors import GatewayError, PayloadTooLarge, Unauthorized
+from server.core.errors import GatewayError, PayloadTooLarge, ServiceUnavailable, Unauthorized
 from server.core.lifecycle import Lifecycle, Role, Shutdown, State
 from server.core.service import InferenceService
 from server.http import jsonio
-from server.http.body import json_response
+from server.http.body import json_response, retry_headers
 from server.http.context import ConfigFacts, ServerPort
 from server.http.routes import MANAGEMENT, Access, Answer, Doc, Route, RouteList, Unrouted
 
@@ -69,7 +69,11 @@ def mindie_error(
 
 # (status, reason text), keyed by domain error class (closest in the MRO wins).
 CONTROL_STATUS: ErrorTable[tuple[int, str]] = ErrorTable(
-    {Unauthorized: (401, "Unauthorized"), PayloadTooLarge: (413, "Payload Too Large")},
+    {
+        Unauthorized: (401, "Unauthorized"),
+        PayloadTooLarge: (413, "Payload Too Large"),
+        ServiceUnavailable: (503, "Service Unavailable"),  # the start-up answer
+    },
     default=(400, "Bad Request"),
 )
 
@@ -77,7 +81,7 @@ CONTROL_STATUS: ErrorTable[tuple[int, str]] = ErrorTable(
 def render(exc: GatewayError) -> Response:
     """The control plane's (MindIE) envelope `{"error", "error_type"}` for a domain error."""
     status, reason = CONTROL_STATUS[exc]
-    return mindie_error(status, exc.message, error_type=reason)
+    return mindie_error(status, exc.message, error_type=reason, headers=retry_headers(exc))
 
 
 def not_found(scope: Scope) -> Response:

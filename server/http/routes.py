@@ -148,6 +148,9 @@ class ProtocolSpec:
     render: Render  # its error envelope for a domain error
     routes: Callable[[ProtocolContext], Sequence[Route]]
     live_paths: frozenset[str] = frozenset()  # GET paths that answer 200 while the engine starts
+    # templates of the data paths it answers by default (not by a body claim), so that its
+    # `render` answers them while the engine starts (server/http/starting.py)
+    paths: frozenset[str] = frozenset()
     grpc: Callable[[ProtocolContext], Sequence[GrpcService]] | None = None  # its gRPC services
     # its control plane on the management and metrics listeners (built after every spec's data
     # routes, from a context that carries the server port), and how those listeners answer
