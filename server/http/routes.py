@@ -1,5 +1,6 @@
 """What a protocol declares: its routes (per listener, with their access class, error renderer,
-body claims on shared paths and overrides), and its spec (name, renderer, route builder).
+body claims on shared paths and overrides), and its spec (name, renderer, route builders, typed
+options, start-up paths and hook).
 
 The listener app is built from these declarations once; nothing re-matches a path per request
 to find a route's access class or error shape.
