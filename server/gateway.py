@@ -1,9 +1,10 @@
 """Assembly: settings + engine → one `Gateway` whose parts are all built here, once.
 
-The protocols come from `protocols.REGISTRY` (never by name): each spec's routes, plus the
-control plane's and the metrics routes, make every listener's routing table; a listener app
-serves the routes of the roles it has (data, management, metrics; several roles may share one
-address). Nothing here is changed after `build_gateway` returns.
+The protocols come from `protocols.REGISTRY` (never by name): each spec's data routes, then
+their management routes (a control plane, reaching the server through the context's
+`ServerPort`), then the server's own (/openapi.json, /metrics) make every listener's routing
+table; a listener app serves the routes of the roles it has (data, management, metrics; several
+roles may share one address). Nothing here is changed after `build_gateway` returns.
 """
 
 from __future__ import annotations
@@ -24,9 +25,7 @@ from starlette.types import Scope
 import protocols
 from server import __version__
 from server.control import openapi
-from server.control import routes as control
 from server.control.grpc_health import health_service
-from server.core import workflows
 from server.core.adapter_files import AdapterRules, BaseModelShape, validate_adapter_dir
 from server.core.adapter_state import SavedAdapter, StateFileError, read_state
 from server.core.adapters import AdapterLimits, AdapterRegistry
@@ -39,10 +38,11 @@ from server.core.stream import RequestObserver
 from server.engines.lora_merge import NumpyComposer
 from server.http.app import Fallback, ListenerApp
 from server.http.auth import Keyring
-from server.http.context import ProtocolContext, RequestBounds
+from server.http.context import ConfigFacts, ProtocolContext, RequestBounds, ServerPort
 from server.http.router import Router
-from server.http.routes import DATA, LISTENERS, MANAGEMENT, Access, Route
+from server.http.routes import DATA, LISTENERS, MANAGEMENT, Access, Route, Unrouted
 from server.http.rpc import AccessInterceptor, GrpcService
+from server.http.starting import PathOwner, StartingAnswers
 from server.observability import metrics as metrics_routes
 from server.observability.logs import RequestLog
 from server.observability.metrics import GatewayMetrics, LiveState
@@ -71,6 +71,7 @@ class Gateway:
     routes: tuple[Route, ...]  # every route of every listener
     grpc_services: tuple[GrpcService, ...]  # the gRPC listener's services, health last
     registries: tuple[CollectorRegistry, ...]  # /metrics: GatewayMetrics.registries
+    context: ProtocolContext  # what every protocol's routes, services and start-up see
 
     def app(self, roles: tuple[str, ...]) -> ListenerApp:
         """The app of a listener serving `roles` (one address may serve several)."""
@@ -149,8 +150,15 @@ def build_gateway(
         observer=observer or metrics,
     )
     registries = metrics.registries
-    context = protocol_context(settings, service)
-    routes = _routes(settings, context, metrics, registries, shutdown)
+    management = settings.server.management
+    port = ServerPort(
+        shutdown=shutdown,
+        config=_config_facts(settings),
+        latency=metrics.latency_windows,
+        management_address=f"{management.host}:{management.port}",
+    )
+    context = protocol_context(settings, service, port)
+    routes = _routes(settings, context, registries)
     return Gateway(
         settings=settings,
         engine=engine,
@@ -162,6 +170,7 @@ def build_gateway(
         routes=routes,
         grpc_services=_grpc_services(context),
         registries=registries,
+        context=context,
     )
 
 
@@ -172,34 +181,16 @@ def _grpc_services(context: ProtocolContext) -> tuple[GrpcService, ...]:
 
 
 def _routes(
-    settings: Settings,
-    context: ProtocolContext,
-    metrics: GatewayMetrics,
-    registries: tuple[CollectorRegistry, ...],
-    shutdown: Shutdown,
+    settings: Settings, context: ProtocolContext, registries: tuple[CollectorRegistry, ...]
 ) -> tuple[Route, ...]:
-    """Every protocol's routes (the same context as their gRPC services), the control plane's
-    and the metrics routes."""
-    service = context.service
+    """Every protocol's data routes (the same context as their gRPC services), their
+    management routes, then the server's own: /openapi.json and /metrics."""
     built: list[Route] = [r for spec in protocols.REGISTRY for r in spec.routes(context)]
+    built += [r for spec in protocols.REGISTRY if spec.management for r in spec.management(context)]
     documents: dict[str, dict[str, Any]] = {}
-    built += control.routes(
-        control.ControlContext(
-            service=service,
-            config=_config_facts(settings),
-            shutdown=shutdown,
-            openapi=documents.get,
-        )
-    )
-    management = settings.server.management
-    built += metrics_routes.routes(
-        service,
-        metrics,
-        registries=registries,
-        instance=f"{management.host}:{management.port}",
-        guard=lambda: control.unavailable(service.lifecycle),
-        render=control.render,
-    )
+    render = _unrouted().render
+    built += openapi.routes(documents.get, render)
+    built += metrics_routes.routes(context.service, registries=registries, render=render)
     for listener in LISTENERS:  # the documents describe the routes as built
         routes = [route for route in built if listener in route.listeners]
         documents[listener] = openapi.openapi_document(
@@ -210,14 +201,23 @@ def _routes(
 
 def live_paths() -> frozenset[str]:
     """GET paths that answer 200 while the engine starts: every liveness probe."""
-    specs = frozenset(path for spec in protocols.REGISTRY for path in spec.live_paths)
-    return specs | control.LIVE_PATHS
+    return frozenset(path for spec in protocols.REGISTRY for path in spec.live_paths)
+
+
+def starting_answers(roles: tuple[str, ...]) -> StartingAnswers:
+    """A listener's answers while the engine starts: on a data listener each protocol renders
+    the 503 of the paths it owns; other paths get the management listeners' answer when the
+    listener has that role, else the first protocol's."""
+    specs = protocols.REGISTRY if DATA in roles else ()
+    owners = [PathOwner(spec.paths, spec.render) for spec in specs]
+    default = _unrouted().render if set(roles) - {DATA} else protocols.REGISTRY[0].render
+    return StartingAnswers(owners, default=default, live=live_paths())
 
 
 def _fallback(roles: tuple[str, ...]) -> Fallback:
     """What answers for paths no route serves: on a data listener as the first protocol and
     Starlette's plain texts (as before: clients of every protocol see the same 404); else the
-    control plane's envelope."""
+    spec that declares how the management and metrics listeners answer (`unrouted`)."""
     if DATA in roles:
         return Fallback(
             render=protocols.REGISTRY[0].render,
@@ -225,11 +225,25 @@ def _fallback(roles: tuple[str, ...]) -> Fallback:
             not_found=_plain_not_found,
             method_not_allowed=_plain_method_not_allowed,
         )
+    unrouted = _unrouted()
     return Fallback(
-        render=control.render,
+        render=unrouted.render,
         access=Access.ADMIN if MANAGEMENT in roles else Access.METRICS,
-        not_found=control.not_found,
-        method_not_allowed=control.method_not_allowed,
+        not_found=unrouted.not_found,
+        method_not_allowed=unrouted.method_not_allowed,
+    )
+
+
+def _unrouted() -> Unrouted:
+    """The one spec's answer on the management and metrics listeners, else plain texts."""
+    declared = [spec.unrouted for spec in protocols.REGISTRY if spec.unrouted is not None]
+    assert len(declared) <= 1, "one protocol answers for the management listeners"
+    if declared:
+        return declared[0]
+    return Unrouted(
+        render=protocols.REGISTRY[0].render,
+        not_found=_plain_not_found,
+        method_not_allowed=_plain_method_not_allowed,
     )
 
 
@@ -243,7 +257,9 @@ def _plain_method_not_allowed(allowed: tuple[str, ...]) -> Response:
     )
 
 
-def protocol_context(settings: Settings, service: InferenceService) -> ProtocolContext:
+def protocol_context(
+    settings: Settings, service: InferenceService, server: ServerPort | None = None
+) -> ProtocolContext:
     lora = settings.lora
     return ProtocolContext(
         service=service,
@@ -252,15 +268,24 @@ def protocol_context(settings: Settings, service: InferenceService) -> ProtocolC
         server_version=__version__,
         created=int(time.time()),
         allow_runtime_lora=lora.enabled and lora.allow_runtime_updates,
-        lmi_rolling_batch=settings.protocols.rolling_batch != "auto",
-        tgi_compat=settings.protocols.tgi_compat,
+        options=protocol_options(settings),
+        server=server,
     )
 
 
-def _config_facts(settings: Settings) -> control.ConfigFacts:
+def protocol_options(settings: Settings) -> dict[str, Any]:
+    """The settings protocols declare they read (`ProtocolSpec.options`), by field name: the
+    protocols section, and the workflow files resolved."""
+    options: dict[str, Any] = settings.protocols.model_dump()
+    options["workflows"] = tuple(resolve_path(settings, w) for w in settings.lora.workflows)
+    return options
+
+
+def _config_facts(settings: Settings) -> ConfigFacts:
     model = settings.model
-    return control.ConfigFacts(
+    return ConfigFacts(
         model_name=model.name,
+        model_path=resolve_path(settings, model.weight_path),
         kv_cache_gib=model.kv_cache_space_gib,
         world_size=model.tensor_parallel_size * model.pipeline_parallel_size,
         settings=redacted(settings),
@@ -368,12 +393,20 @@ def request_bounds(settings: Settings) -> RequestBounds:
 async def register_startup_adapters(
     gateway: Gateway, saved: Sequence[SavedAdapter] = ()
 ) -> None:
-    """Adapters from the `adapters/` folder and the config list, the DJL workflows, then the
-    state file's runtime registrations. A bad one is logged, not fatal."""
+    """Adapters from the `adapters/` folder and the config list, then the state file's runtime
+    registrations, then each protocol's start-up (DJL's workflows). A bad one is logged, not
+    fatal."""
     settings = gateway.settings
-    lora = settings.lora
-    if not lora.enabled:
-        return
+    if settings.lora.enabled:
+        await _register_startup_adapters(gateway, settings, saved)
+    for spec in protocols.REGISTRY:
+        if spec.startup is not None:
+            await spec.startup(gateway.context)
+
+
+async def _register_startup_adapters(
+    gateway: Gateway, settings: Settings, saved: Sequence[SavedAdapter]
+) -> None:
     for name, src, preload, pin, origin in startup_adapter_entries(settings):
         try:
             await gateway.adapters.register(name, src, preload=preload, pin=pin, origin=origin)
@@ -389,12 +422,6 @@ async def register_startup_adapters(
             logger.error("adapter %s from %s (LoraConfig.stateFile) not registered, dropped "
                          "from the state file: %s", adapter.name, adapter.src, exc)
             await gateway.adapters.resave(adapter.name)
-    base = workflows.ServedBase(
-        names=gateway.service.base_names,
-        path=resolve_path(settings, settings.model.weight_path),
-    )
-    specs = workflows.load_workflows([resolve_path(settings, w) for w in lora.workflows], base)
-    await workflows.register_workflows(gateway.adapters, specs)
 
 
 def saved_adapters(settings: Settings) -> list[SavedAdapter]:

@@ -3,4 +3,9 @@
 from protocols.anthropic import errors, routes
 from server.http.routes import ProtocolSpec
 
-SPEC = ProtocolSpec(name=routes.NAME, render=errors.render, routes=routes.routes)
+SPEC = ProtocolSpec(
+    name=routes.NAME,
+    render=errors.render,
+    routes=routes.routes,
+    paths=frozenset({"/v1/messages", "/v1/messages/count_tokens"}),
+)

@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.responses import Response
 
+from protocols.common.errors import ErrorTable
 from server.core.errors import (
     AdapterCapacity,
     ClientClosed,
@@ -30,26 +31,26 @@ from server.http import jsonio
 from server.http.body import json_response, retry_headers
 from server.http.context import current_request_id
 
-# (class, status, Anthropic type); the first matching class wins, so subclasses come first.
-_TABLE: tuple[tuple[type[GatewayError], int, str], ...] = (
-    (PayloadTooLarge, 413, "request_too_large"),
-    (InvalidRequest, 400, "invalid_request_error"),
-    (Unauthorized, 401, "authentication_error"),
-    (ModelNotFound, 404, "not_found_error"),
-    (RequestNotFound, 404, "not_found_error"),
-    (Overloaded, 429, "rate_limit_error"),
-    (ServiceUnavailable, 529, "overloaded_error"),
-    (AdapterCapacity, 529, "overloaded_error"),
-    (DeadlineExceeded, 504, "timeout_error"),
-    (ClientClosed, 499, "api_error"),
+# (HTTP status, Anthropic error type), keyed by domain error class (closest in the MRO wins).
+_TABLE: ErrorTable[tuple[int, str]] = ErrorTable(
+    {
+        PayloadTooLarge: (413, "request_too_large"),
+        InvalidRequest: (400, "invalid_request_error"),
+        Unauthorized: (401, "authentication_error"),
+        ModelNotFound: (404, "not_found_error"),
+        RequestNotFound: (404, "not_found_error"),
+        Overloaded: (429, "rate_limit_error"),
+        ServiceUnavailable: (529, "overloaded_error"),
+        AdapterCapacity: (529, "overloaded_error"),
+        DeadlineExceeded: (504, "timeout_error"),
+        ClientClosed: (499, "api_error"),
+    },
+    default=(500, "api_error"),
 )
 
 
 def status_and_type(exc: GatewayError) -> tuple[int, str]:
-    for cls, status, kind in _TABLE:
-        if isinstance(exc, cls):
-            return status, kind
-    return 500, "api_error"
+    return _TABLE[exc]
 
 
 def error_body(exc: GatewayError) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from starlette.responses import Response
 
+from protocols.common.errors import ErrorTable
 from protocols.djl.translate import djl_json, error_body
 from server.core.errors import (
     AdapterCapacity,
@@ -49,30 +50,30 @@ class MethodNotAllowed(GatewayError):
         super().__init__("Requested method is not allowed, please refer to API document.")
 
 
-# (class, status, Java exception type); the first matching class wins, subclasses first.
+# (status, Java exception type), keyed by domain error class (closest in the MRO wins).
 # AdapterInvalid is what DJL's Python handler refuses (adapter_manager_mixin.py: bad path,
 # pin without preload, add_lora failing): its 424 reaches the client as a BadRequestException.
-_MANAGEMENT: tuple[tuple[type[GatewayError], int, str], ...] = (
-    (PayloadTooLarge, 413, "BadRequestException"),
-    (AdapterInvalid, 424, "BadRequestException"),
-    (InvalidRequest, 400, "BadRequestException"),
-    (ModelNotFound, 404, "BadRequestException"),
-    (RequestNotFound, 404, "BadRequestException"),
-    (MethodNotAllowed, 405, "MethodNotAllowedException"),
-    (AdapterExists, 409, "IllegalArgumentException"),
-    (AdapterCapacity, 507, "BadRequestException"),
-    (StateNotSaved, 507, "InternalServerException"),
-    (Overloaded, 503, "WlmCapacityException"),
-    (ServiceUnavailable, 503, "ServiceUnavailableException"),
-    (Unauthorized, 401, "BadRequestException"),
+_MANAGEMENT: ErrorTable[tuple[int, str]] = ErrorTable(
+    {
+        PayloadTooLarge: (413, "BadRequestException"),
+        AdapterInvalid: (424, "BadRequestException"),
+        InvalidRequest: (400, "BadRequestException"),
+        ModelNotFound: (404, "BadRequestException"),
+        RequestNotFound: (404, "BadRequestException"),
+        MethodNotAllowed: (405, "MethodNotAllowedException"),
+        AdapterExists: (409, "IllegalArgumentException"),
+        AdapterCapacity: (507, "BadRequestException"),
+        StateNotSaved: (507, "InternalServerException"),
+        Overloaded: (503, "WlmCapacityException"),
+        ServiceUnavailable: (503, "ServiceUnavailableException"),
+        Unauthorized: (401, "BadRequestException"),
+    },
+    default=(500, "InternalServerException"),
 )
 
 
 def management_status(exc: GatewayError) -> tuple[int, str]:
-    for cls, status, java_type in _MANAGEMENT:
-        if isinstance(exc, cls):
-            return status, java_type
-    return 500, "InternalServerException"
+    return _MANAGEMENT[exc]
 
 
 def render_management(exc: GatewayError) -> Response:
@@ -81,28 +82,33 @@ def render_management(exc: GatewayError) -> Response:
     return Response(body, status, retry_headers(exc), media_type=JSON)
 
 
-# (class, status, Java type); None as the type means LMI's handler shape {"error", "code"}.
-_INFERENCE: tuple[tuple[type[GatewayError], int, str | None], ...] = (
-    (AdapterNotFound, 424, None),
-    (ModelNotFound, 404, "ModelNotFoundException"),
-    (PayloadTooLarge, 413, "TooLongFrameException"),
-    (InvalidRequest, 424, None),
-    (Overloaded, 503, "ServiceUnavailableException"),
-    (ServiceUnavailable, 503, "ServiceUnavailableException"),
-    (AdapterCapacity, 507, "BadRequestException"),
-    (Unauthorized, 401, "BadRequestException"),
-    (ClientClosed, 499, "ChannelClosedException"),
+# (status, Java type); None as the type means LMI's handler shape {"error", "code"}, and the
+# default (no row) its generation failure {"code", "message": "invoke handler failure", "error"}.
+_INFERENCE: ErrorTable[tuple[int, str | None] | None] = ErrorTable(
+    {
+        AdapterNotFound: (424, None),
+        ModelNotFound: (404, "ModelNotFoundException"),
+        PayloadTooLarge: (413, "TooLongFrameException"),
+        InvalidRequest: (424, None),
+        Overloaded: (503, "ServiceUnavailableException"),
+        ServiceUnavailable: (503, "ServiceUnavailableException"),
+        AdapterCapacity: (507, "BadRequestException"),
+        Unauthorized: (401, "BadRequestException"),
+        ClientClosed: (499, "ChannelClosedException"),
+    },
+    default=None,
 )
 
 
 def inference_error(exc: GatewayError) -> tuple[int, dict[str, Any]]:
     """Status and body of an inference error (before any output was sent)."""
-    for cls, status, java_type in _INFERENCE:
-        if isinstance(exc, cls):
-            if java_type is None:
-                return status, {"error": exc.message, "code": status}
-            return status, error_body(status, java_type, exc.message)
-    return 424, {"code": 424, "message": "invoke handler failure", "error": exc.message}
+    row = _INFERENCE[exc]
+    if row is None:
+        return 424, {"code": 424, "message": "invoke handler failure", "error": exc.message}
+    status, java_type = row
+    if java_type is None:
+        return status, {"error": exc.message, "code": status}
+    return status, error_body(status, java_type, exc.message)
 
 
 def render(exc: GatewayError) -> Response:

@@ -2,7 +2,7 @@
 
 Data plane (`data_routes`): GET|POST /ping, POST /predictions/{model}[/{version}] and POST
 /invocations, whose `messages` and `prompt` bodies OpenAI's routes claim (the gateway dispatches
-by body keys; DJL's adapter selectors apply to every shape: `server/http/sagemaker.py`).
+by body keys; DJL's adapter selectors apply to every shape: `protocols/common/sagemaker.py`).
 `{model}` is a served base-model name or a DJL workflow name (an alias of its adapter). Answers
 are in LMI's async-mode schema, or its rolling-batch one with `option.rolling_batch=vllm`
 (`responses.py`).
@@ -26,7 +26,9 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
+from protocols.common import sagemaker
 from protocols.djl import errors, responses, schema, translate
+from protocols.djl.options import DjlOptions
 from protocols.djl.schema import LmiRequest
 from server.core.adapters import AdapterRecord, AdapterRegistry
 from server.core.errors import (
@@ -38,9 +40,9 @@ from server.core.errors import (
 )
 from server.core.lifecycle import State
 from server.core.types import Delta, GenerationEvent, Started
-from server.http import jsonio, sagemaker
+from server.http import jsonio
 from server.http.body import decode_json, parse_model, read_body, request_id_header
-from server.http.context import ProtocolContext, current_request_id
+from server.http.context import ProtocolContext, current_request_id, options_of
 from server.http.disconnect import until_disconnect
 from server.http.routes import (
     DATA,
@@ -106,8 +108,10 @@ async def _health(ctx: ProtocolContext) -> tuple[int, str]:
 def predictions(ctx: ProtocolContext) -> Endpoint:
     """LMI inference on `/predictions/{model}`: the base model or a workflow."""
 
+    legacy = options_of(DjlOptions, ctx).legacy_rolling_batch
+
     async def endpoint(request: Request) -> Answer:
-        return await _infer(ctx, request)
+        return await _infer(ctx, request, legacy=legacy)
 
     return endpoint
 
@@ -115,8 +119,10 @@ def predictions(ctx: ProtocolContext) -> Endpoint:
 def invocations(ctx: ProtocolContext) -> Endpoint:
     """SageMaker `/invocations` with an LMI body; `?model_name=` may name a workflow."""
 
+    legacy = options_of(DjlOptions, ctx).legacy_rolling_batch
+
     async def endpoint(request: Request) -> Answer:
-        return await _infer(ctx, request)
+        return await _infer(ctx, request, legacy=legacy)
 
     return endpoint
 
@@ -136,7 +142,7 @@ async def _registered(work: Awaitable[T]) -> T:
         ) from None
 
 
-async def _infer(ctx: ProtocolContext, request: Request) -> Answer:
+async def _infer(ctx: ProtocolContext, request: Request, *, legacy: bool) -> Answer:
     chosen = sagemaker.selectors(request, ctx.service)
     body = parse_model(LmiRequest, decode_json(await read_body(request, ctx.max_body_bytes)))
     texts = translate.input_texts(body, ctx.bounds)
@@ -147,7 +153,7 @@ async def _infer(ctx: ProtocolContext, request: Request) -> Answer:
         models=models,
         bounds=ctx.bounds,
         defaults=ctx.service.defaults(),
-        legacy=ctx.lmi_rolling_batch,
+        legacy=legacy,
     )
     service = ctx.service
     if plan.stream:

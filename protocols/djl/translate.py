@@ -2,7 +2,7 @@
 adapter management forms → registrations, registry records → DJL JSON, DJL pagination.
 
 Which adapter each input runs on (body `adapters`, `?adapter=`, the SageMaker headers, a
-workflow) is chosen by `server/http/sagemaker.py`, shared with the other body shapes of
+workflow) is chosen by `protocols/common/sagemaker.py`, shared with the other body shapes of
 `/invocations`; `to_plan` takes the result.
 
 Sampling follows LMI's vLLM mapping; a field the request leaves out takes the model's default

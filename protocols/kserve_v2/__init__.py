@@ -17,5 +17,8 @@ SPEC = ProtocolSpec(
     render=errors.render,
     routes=routes.routes,
     live_paths=frozenset({"/v2/health/live"}),
+    paths=frozenset({
+        "/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/stats", "/v2/models/{model:path}",
+    }),
     grpc=_grpc,
 )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import grpc
 from starlette.responses import Response
 
+from protocols.common.errors import ErrorTable
 from server.core.errors import (
     AdapterCapacity,
     AdapterExists,
@@ -38,62 +39,65 @@ class StopInferInvalid(InvalidRequest):
     """A stopInfer body MindIE refuses (`SingleReqInferInterfaceBase::Stop`): its 422."""
 
 
-STATUS: dict[type[GatewayError], int] = {
-    StopInferInvalid: 422,
-    InvalidRequest: 400,
-    Unauthorized: 401,
-    ModelNotFound: 404,
-    PayloadTooLarge: 413,
-    RequestNotFound: 404,
-    AdapterExists: 409,
-    ClientClosed: 499,
-    EngineError: 500,
-    Overloaded: 503,
-    ServiceUnavailable: 503,
-    AdapterCapacity: 503,
-    DeadlineExceeded: 504,
-    GatewayError: 500,
-}
+# Keyed by domain error class (closest in the MRO wins).
+STATUS: ErrorTable[int] = ErrorTable(
+    {
+        StopInferInvalid: 422,
+        InvalidRequest: 400,
+        Unauthorized: 401,
+        ModelNotFound: 404,
+        PayloadTooLarge: 413,
+        RequestNotFound: 404,
+        AdapterExists: 409,
+        ClientClosed: 499,
+        EngineError: 500,
+        Overloaded: 503,
+        ServiceUnavailable: 503,
+        AdapterCapacity: 503,
+        DeadlineExceeded: 504,
+    },
+    default=500,
+)
 
 
 # gRPC: Triton's mapping of its error codes, and RESOURCE_EXHAUSTED for a full server.
-GRPC_STATUS: dict[type[GatewayError], grpc.StatusCode] = {
-    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
-    Unauthorized: grpc.StatusCode.UNAUTHENTICATED,
-    ModelNotFound: grpc.StatusCode.NOT_FOUND,
-    PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    RequestNotFound: grpc.StatusCode.NOT_FOUND,
-    AdapterExists: grpc.StatusCode.ALREADY_EXISTS,
-    ClientClosed: grpc.StatusCode.CANCELLED,
-    EngineError: grpc.StatusCode.INTERNAL,
-    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ServiceUnavailable: grpc.StatusCode.UNAVAILABLE,
-    AdapterCapacity: grpc.StatusCode.UNAVAILABLE,
-    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
-    GatewayError: grpc.StatusCode.INTERNAL,
-}
+GRPC_STATUS: ErrorTable[grpc.StatusCode] = ErrorTable(
+    {
+        InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+        Unauthorized: grpc.StatusCode.UNAUTHENTICATED,
+        ModelNotFound: grpc.StatusCode.NOT_FOUND,
+        PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+        RequestNotFound: grpc.StatusCode.NOT_FOUND,
+        AdapterExists: grpc.StatusCode.ALREADY_EXISTS,
+        ClientClosed: grpc.StatusCode.CANCELLED,
+        EngineError: grpc.StatusCode.INTERNAL,
+        Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+        ServiceUnavailable: grpc.StatusCode.UNAVAILABLE,
+        AdapterCapacity: grpc.StatusCode.UNAVAILABLE,
+        DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    },
+    default=grpc.StatusCode.INTERNAL,
+)
+
+# MindIE's `error_type` on the stopInfer answers it shares with this protocol; none elsewhere.
+MINDIE_TYPES: ErrorTable[str | None] = ErrorTable(
+    {RequestNotFound: "NotFoundError", StopInferInvalid: "Input Validation Error"}, default=None
+)
 
 
 def grpc_status(exc: GatewayError) -> grpc.StatusCode:
-    for cls in type(exc).__mro__:
-        if cls in GRPC_STATUS:
-            return GRPC_STATUS[cls]
-    return grpc.StatusCode.INTERNAL
+    return GRPC_STATUS[exc]
 
 
 def status_of(exc: GatewayError) -> int:
-    for cls in type(exc).__mro__:
-        if cls in STATUS:
-            return STATUS[cls]
-    return 500
+    return STATUS[exc]
 
 
 def body_of(exc: GatewayError) -> dict[str, str]:
-    if isinstance(exc, RequestNotFound):
-        return {"error": exc.message, "error_type": "NotFoundError"}
-    if isinstance(exc, StopInferInvalid):
-        return {"error": exc.message, "error_type": "Input Validation Error"}
-    return {"error": exc.message}
+    error_type = MINDIE_TYPES[exc]
+    if error_type is None:
+        return {"error": exc.message}
+    return {"error": exc.message, "error_type": error_type}
 
 
 def render(exc: GatewayError) -> Response:

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from server.http.context import MINDIE_REQUEST_ID
+from protocols.common.request_id import CLIENT_REQUEST_ID
 
 Dim = Annotated[int, Field(strict=True, ge=0)]
 
@@ -60,7 +60,7 @@ class StopInferRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    id: StrictStr = Field(pattern=MINDIE_REQUEST_ID)
+    id: StrictStr = Field(pattern=CLIENT_REQUEST_ID)
 
 
 # OpenAPI body of the generate extension: inputs by name at the top level, dynamic keys.

@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from protocols.common.request_id import CLIENT_REQUEST_ID
 from protocols.kserve_v2 import tensors
 from protocols.kserve_v2.errors import StopInferInvalid
 from protocols.kserve_v2.models import (
@@ -55,7 +56,7 @@ from server.core.types import (
     TokenPrompt,
 )
 from server.http import jsonio
-from server.http.context import MINDIE_REQUEST_ID, RequestBounds
+from server.http.context import RequestBounds
 
 TEXT_MAX_TOKENS = 16
 TOKEN_MAX_NEW_TOKENS = 20
@@ -452,7 +453,7 @@ def stop_infer_id(raw: bytes) -> tuple[str, object]:
         raise StopInferInvalid("id must not be null.", param="id")
     if not isinstance(stop_id, str):
         raise StopInferInvalid("id must be string type.", param="id")
-    if not re.fullmatch(MINDIE_REQUEST_ID, stop_id):
+    if not re.fullmatch(CLIENT_REQUEST_ID, stop_id):
         raise StopInferInvalid(
             "The id can contain only digits, letters, underscores(_), hyphens(-) and no more than "
             "256 words in length.",

@@ -12,6 +12,7 @@ from typing import Any
 
 from starlette.responses import Response
 
+from protocols.common.errors import ErrorTable
 from server.core.errors import (
     AdapterCapacity,
     AdapterExists,
@@ -29,27 +30,26 @@ from server.http import jsonio
 from server.http.body import json_response, retry_headers
 from server.http.streaming import sse_event
 
-# The first matching class wins, so subclasses come first.
-_TABLE: tuple[tuple[type[GatewayError], int, str], ...] = (
-    (PayloadTooLarge, 413, "Payload Too Large"),
-    (InvalidRequest, 422, "Input Validation Error"),
-    (ModelNotFound, 404, "NotFoundError"),
-    (RequestNotFound, 404, "NotFoundError"),
-    (Overloaded, 429, "Too Many Requests"),
-    (ServiceUnavailable, 503, "Service Unavailable"),
-    (Unauthorized, 401, "Unauthorized"),
-    (AdapterExists, 409, "Conflict"),
-    (AdapterCapacity, 507, "Insufficient Storage"),
-    (ClientClosed, 499, "Client Closed Request"),
+# (status, reason text), keyed by domain error class (closest in the MRO wins).
+TABLE: ErrorTable[tuple[int, str]] = ErrorTable(
+    {
+        PayloadTooLarge: (413, "Payload Too Large"),
+        InvalidRequest: (422, "Input Validation Error"),
+        ModelNotFound: (404, "NotFoundError"),
+        RequestNotFound: (404, "NotFoundError"),
+        Overloaded: (429, "Too Many Requests"),
+        ServiceUnavailable: (503, "Service Unavailable"),
+        Unauthorized: (401, "Unauthorized"),
+        AdapterExists: (409, "Conflict"),
+        AdapterCapacity: (507, "Insufficient Storage"),
+        ClientClosed: (499, "Client Closed Request"),
+    },
+    default=(500, "Incomplete Generation"),
 )
 
 
 def classify(exc: GatewayError) -> tuple[int, dict[str, Any]]:
-    status, reason = 500, "Incomplete Generation"
-    for cls, code, text in _TABLE:
-        if isinstance(exc, cls):
-            status, reason = code, text
-            break
+    status, reason = TABLE[exc]
     return status, {"error": exc.message, "error_type": reason}
 
 

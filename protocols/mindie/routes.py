@@ -12,6 +12,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from protocols.common.sse import TokenEventStream
 from protocols.mindie import errors, schema, translate
 from protocols.mindie.schema import InferRequest, VllmGenerateRequest
 from server.core.errors import GatewayError, InvalidRequest
@@ -22,7 +23,7 @@ from server.http.context import ProtocolContext, current_request_id
 from server.http.disconnect import until_disconnect
 from server.http.router import has_key
 from server.http.routes import Answer, Doc, Endpoint, Route, RouteList
-from server.http.streaming import EventStreamAnswer, sse_event
+from server.http.streaming import EventStreamAnswer
 
 NAME = "mindie"
 STREAM_TYPE = "text/event-stream"  # MindIE sends every stream with this type, NUL chunks included
@@ -39,34 +40,25 @@ async def _json_body(ctx: ProtocolContext, request: Request, message: str) -> di
     return data
 
 
-class _InferEvents:
+class _InferEvents(TokenEventStream):
     """`/infer` streams: SSE events, one per token, timed; errors as MindIE's error event."""
 
     def __init__(
         self, plan: translate.InferPlan, started_at: float,
         token_texts: Callable[[list[int]], list[str]],
     ) -> None:
+        super().__init__(errors.stream_error)
         self._encoder = translate.InferStreamEncoder(
             plan, started_at=started_at, token_texts=token_texts
         )
+        self._now = started_at
 
-    def encode(self, event: GenerationEvent) -> bytes:
-        if not isinstance(event, Delta):
-            return b""
-        now = time.perf_counter()
-        plain = self._encoder.plain_event(event, now)
-        if plain is not None:
-            return sse_event(plain)
-        events = self._encoder.events(event, now)
-        if len(events) == 1:  # one token per delta, as a rule
-            return sse_event(jsonio.dumps(events[0]))
-        return b"".join([sse_event(jsonio.dumps(e)) for e in events])
+    def plain(self, delta: Delta) -> bytes | None:
+        self._now = time.perf_counter()  # the delta's time, for `events` too
+        return self._encoder.plain_event(delta, self._now)
 
-    def error(self, exc: GatewayError) -> bytes:
-        return errors.stream_error(exc)
-
-    def end(self) -> bytes:
-        return b""
+    def events(self, delta: Delta) -> list[dict[str, Any]]:
+        return self._encoder.events(delta, self._now)
 
 
 class _VllmChunks:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-from server.http.context import MINDIE_REQUEST_ID
+from protocols.common.request_id import CLIENT_REQUEST_ID
 from server.http.routes import EMBEDS
 
 Unsigned = Annotated[int, Field(strict=True, ge=0)]
@@ -40,7 +40,7 @@ class InferParameters(BaseModel):
 class InferRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    id: Annotated[StrictStr, Field(pattern=MINDIE_REQUEST_ID)] | None = None
+    id: Annotated[StrictStr, Field(pattern=CLIENT_REQUEST_ID)] | None = None
     stream: StrictBool | None = None
     parameters: InferParameters | None = None
 

@@ -11,10 +11,28 @@ from typing import Any
 
 from starlette.responses import Response
 
+from protocols.common.errors import ErrorTable
 from server.core.errors import (
+    AdapterCapacity,
+    AdapterExists,
+    AdapterInvalid,
     AdapterNotFound,
+    ClientClosed,
+    ContextLengthExceeded,
+    DeadlineExceeded,
+    EngineError,
     GatewayError,
     InvalidRequest,
+    LoraDisabled,
+    ModelNotFound,
+    Overloaded,
+    PayloadTooLarge,
+    RequestNotFound,
+    ServiceUnavailable,
+    StateNotSaved,
+    Unauthorized,
+    Unsupported,
+    UnsupportedMediaType,
 )
 from server.http import jsonio
 from server.http.body import json_response, retry_headers
@@ -49,43 +67,49 @@ class LoraPathNotFound(AdapterNotFound):
         super().__init__(message, param=None)
 
 
-TABLE: dict[str, tuple[int, str]] = {
-    "invalid_request": (400, "BadRequestError"),
-    "context_length_exceeded": (400, "BadRequestError"),
-    "unsupported_media_type": (400, "BadRequestError"),
-    "unsupported": (400, "BadRequestError"),
-    "adapter_invalid": (400, "BadRequestError"),
-    "lora_disabled": (400, "BadRequestError"),
-    "invalid_user_input": (400, "InvalidUserInput"),
-    "cannot_cancel": (400, "invalid_request_error"),
-    "adapter_exists": (400, "InvalidUserInput"),
-    "payload_too_large": (413, "RequestEntityTooLarge"),
-    "unauthorized": (401, "AuthenticationError"),
-    "model_not_found": (404, "NotFoundError"),
-    "adapter_not_found": (404, "NotFoundError"),
-    "lora_path_not_found": (404, "NotFoundError"),
-    "request_not_found": (404, "NotFoundError"),
-    "response_not_found": (404, "invalid_request_error"),
-    "overloaded": (429, "RateLimitError"),
-    "generation": (500, "InternalServerError"),
-    "internal": (500, "InternalServerError"),
-    "unavailable": (503, "ServiceUnavailableError"),
-    "timeout": (504, "TimeoutError"),
-    "adapter_capacity": (507, "InsufficientStorage"),
-    "state_not_saved": (507, "InsufficientStorage"),  # the adapter state file: nothing changed
-    "client_closed": (499, "ClientClosedRequest"),
-}
+class ResponseNotFound(ModelNotFound):
+    """vLLM: 404 `invalid_request_error` with `param: response_id`."""
+
+    error_type = "response_not_found"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="response_id")
+
+
+# (HTTP status, vLLM `type`), keyed by domain error class (closest in the MRO wins).
+TABLE: ErrorTable[tuple[int, str]] = ErrorTable(
+    {
+        InvalidFields: (400, "Bad Request"),
+        InvalidRequest: (400, "BadRequestError"),
+        ContextLengthExceeded: (400, "BadRequestError"),
+        UnsupportedMediaType: (400, "BadRequestError"),
+        Unsupported: (400, "BadRequestError"),
+        AdapterInvalid: (400, "BadRequestError"),
+        LoraDisabled: (400, "BadRequestError"),
+        InvalidUserInput: (400, "InvalidUserInput"),
+        CannotCancel: (400, "invalid_request_error"),
+        AdapterExists: (400, "InvalidUserInput"),
+        PayloadTooLarge: (413, "RequestEntityTooLarge"),
+        Unauthorized: (401, "AuthenticationError"),
+        ModelNotFound: (404, "NotFoundError"),
+        AdapterNotFound: (404, "NotFoundError"),
+        LoraPathNotFound: (404, "NotFoundError"),
+        RequestNotFound: (404, "NotFoundError"),
+        ResponseNotFound: (404, "invalid_request_error"),
+        Overloaded: (429, "RateLimitError"),
+        EngineError: (500, "InternalServerError"),
+        ServiceUnavailable: (503, "ServiceUnavailableError"),
+        DeadlineExceeded: (504, "TimeoutError"),
+        AdapterCapacity: (507, "InsufficientStorage"),
+        StateNotSaved: (507, "InsufficientStorage"),  # the adapter state file: nothing changed
+        ClientClosed: (499, "ClientClosedRequest"),
+    },
+    default=(500, "InternalServerError"),
+)
 
 
 def status_and_type(exc: GatewayError) -> tuple[int, str]:
-    """The row of the closest class in the MRO that has one (new subclasses inherit a row)."""
-    if isinstance(exc, InvalidFields):
-        return 400, "Bad Request"
-    for cls in type(exc).__mro__:
-        row = TABLE.get(getattr(cls, "error_type", ""))
-        if row is not None:
-            return row
-    return TABLE["internal"]
+    return TABLE[exc]
 
 
 def error_body(exc: GatewayError) -> dict[str, Any]:

@@ -24,10 +24,10 @@ from protocols.common.bounds import stop_strings
 from protocols.common.chat import response_model, template_kwargs, with_effort
 from protocols.common.tools import ChoiceReader, Function, Mode, ToolPlan, check_parameters
 from protocols.openai_v1 import schema
-from protocols.openai_v1.errors import status_and_type
+from protocols.openai_v1.errors import ResponseNotFound, status_and_type
 from protocols.openai_v1.translate import TEXT_PART_TYPES, vllm_structured
 from server.core.engine import OutputParser
-from server.core.errors import GatewayError, InvalidRequest, ModelNotFound, Unsupported
+from server.core.errors import GatewayError, InvalidRequest, Unsupported
 from server.core.peers import Peers
 from server.core.types import (
     ChatMessage,
@@ -105,15 +105,6 @@ class ResponseStore:
 
     async def _find(self, response_id: str) -> Stored | None:
         return self._items.get(response_id)
-
-
-class ResponseNotFound(ModelNotFound):
-    """vLLM: 404 `invalid_request_error` with `param: response_id`."""
-
-    error_type = "response_not_found"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, param="response_id")
 
 
 # ---- inbound ----------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
 from protocols.common.chat import response_model
+from protocols.common.sagemaker import selectors as sagemaker_selectors
 from protocols.common.tools import ChoiceReader
 from protocols.openai_v1 import errors, responses, schema, tools, translate
 from server.core.batch import BatchStream
@@ -46,13 +47,12 @@ from server.http.routes import (
     Route,
     RouteList,
 )
-from server.http.sagemaker import selectors as sagemaker_selectors
 from server.http.streaming import EventStreamAnswer
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 SSE_MEDIA_TYPE = "text/event-stream; charset=utf-8"  # as vLLM's StreamingResponse
 NAME = "openai"
-# Shared with DJL's LMI bodies; DJL's adapter selectors apply there (server/http/sagemaker.py).
+# Shared with DJL's LMI bodies; DJL's adapter selectors apply there (protocols/common/sagemaker.py).
 SAGEMAKER_PATHS = ("/invocations", "/predictions/{model}", "/predictions/{model}/{version}")
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
+from protocols.common import grammar
 from protocols.common.bounds import bounded_max_tokens, stop_strings
 from protocols.common.chat import template_kwargs, with_effort
 from protocols.common.tools import ChoiceReader, ToolPlan, finish_reason
@@ -284,7 +285,7 @@ def to_structured(body: schema.SamplingFields) -> StructuredOutput | None:
     fmt = body.response_format or {}
     kind = fmt.get("type", "text")
     if "value" in fmt:
-        return _tgi_format(kind, fmt["value"])
+        return grammar.to_structured(fmt, field="response_format", param="response_format")
     if kind == "text":
         return None
     if kind == "json_object":
@@ -300,29 +301,6 @@ def to_structured(body: schema.SamplingFields) -> StructuredOutput | None:
         return StructuredOutput(json_schema=jsonio.dumps(schema_).decode())
     raise Unsupported(
         f"response_format type {str(kind)[:32]!r} is not supported by this server.",
-        param="response_format",
-    )
-
-
-def _tgi_format(kind: object, value: object) -> StructuredOutput:
-    """TGI's grammar forms: json / json_object (a schema, or its JSON text), regex, and
-    json_schema ({"name"?, "schema"})."""
-    if kind == "json_schema" and isinstance(value, dict):
-        kind, value = "json", value.get("schema")
-    if kind in ("json", "json_object") and isinstance(value, dict):
-        return StructuredOutput(json_schema=jsonio.dumps(value).decode())
-    if kind in ("json", "json_object") and isinstance(value, str):
-        try:
-            parsed = jsonio.loads(value)
-        except jsonio.JSONDecodeError:
-            parsed = None
-        if isinstance(parsed, dict):
-            return StructuredOutput(json_schema=value)
-    if kind == "regex" and isinstance(value, str):
-        return StructuredOutput(regex=value)
-    raise InvalidRequest(
-        "response_format with a `value` must be TGI's grammar: type json, json_object or "
-        "json_schema with a JSON schema object, or regex with a pattern.",
         param="response_format",
     )
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from starlette.responses import Response
 
+from protocols.common.errors import ErrorTable
 from server.core.errors import (
     AdapterCapacity,
     AdapterExists,
@@ -32,28 +33,27 @@ from server.http.streaming import sse_event
 VALIDATION_PREFIX = "Input validation error: "
 GENERATION_PREFIX = "Request failed during generation: "
 
-# (status, error_type, message prefix); the first matching class wins, so subclasses come first.
-_TABLE: tuple[tuple[type[GatewayError], int, str, str], ...] = (
-    (PayloadTooLarge, 413, "validation", VALIDATION_PREFIX),
-    (InvalidRequest, 422, "validation", VALIDATION_PREFIX),
-    (ModelNotFound, 422, "validation", VALIDATION_PREFIX),
-    (Overloaded, 429, "overloaded", ""),
-    (ServiceUnavailable, 503, "unhealthy", ""),
-    (Unauthorized, 401, "authentication", ""),
-    (RequestNotFound, 404, "not_found", ""),
-    (AdapterExists, 409, "validation", ""),
-    (AdapterCapacity, 507, "generation", GENERATION_PREFIX),
-    (DeadlineExceeded, 424, "generation", GENERATION_PREFIX),
-    (ClientClosed, 499, "client_closed", ""),
+# (status, error_type, message prefix), keyed by domain error class (closest in the MRO wins).
+_TABLE: ErrorTable[tuple[int, str, str]] = ErrorTable(
+    {
+        PayloadTooLarge: (413, "validation", VALIDATION_PREFIX),
+        InvalidRequest: (422, "validation", VALIDATION_PREFIX),
+        ModelNotFound: (422, "validation", VALIDATION_PREFIX),
+        Overloaded: (429, "overloaded", ""),
+        ServiceUnavailable: (503, "unhealthy", ""),
+        Unauthorized: (401, "authentication", ""),
+        RequestNotFound: (404, "not_found", ""),
+        AdapterExists: (409, "validation", ""),
+        AdapterCapacity: (507, "generation", GENERATION_PREFIX),
+        DeadlineExceeded: (424, "generation", GENERATION_PREFIX),
+        ClientClosed: (499, "client_closed", ""),
+    },
+    default=(424, "generation", GENERATION_PREFIX),
 )
 
 
 def classify(exc: GatewayError) -> tuple[int, dict[str, Any]]:
-    status, error_type, prefix = 424, "generation", GENERATION_PREFIX
-    for cls, code, kind, pre in _TABLE:
-        if isinstance(exc, cls):
-            status, error_type, prefix = code, kind, pre
-            break
+    status, error_type, prefix = _TABLE[exc]
     message = exc.message if exc.message.startswith(prefix) else prefix + exc.message
     return status, {"error": message, "error_type": error_type}
 

@@ -11,24 +11,35 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from protocols.common import sagemaker
+from protocols.common.sse import TokenEventStream
 from protocols.tgi import errors, translate
 from protocols.tgi.schema import GenerateRequest
-from server.core.errors import AdapterNotFound, GatewayError
+from server.core.errors import AdapterNotFound
 from server.core.service import PromptFit
 from server.core.types import Delta, GenerationEvent, GenerationRequest, Started
-from server.http import jsonio, sagemaker
 from server.http.body import decode_json, json_response, parse_model, read_body, request_id_header
-from server.http.context import ProtocolContext, current_request_id
+from server.http.context import ProtocolContext, current_request_id, options_of
 from server.http.disconnect import until_disconnect
 from server.http.routes import Access, Answer, Doc, Endpoint, Route, RouteList
-from server.http.streaming import EventStreamAnswer, sse_event
+from server.http.streaming import EventStreamAnswer
 
 COMPUTE_TYPE = "vllm"
 NAME = "tgi"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TgiOptions:
+    """TGI's settings, declared through its spec."""
+
+    # ProtocolConfig.tgiCompat (DJL's option.tgi_compat): SageMaker /invocations bodies with a
+    # string `inputs` are TGI's
+    tgi_compat: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,39 +131,38 @@ def _timing_headers(prepared: _Prepared, prompt_tokens: int, generated: int) -> 
     }
 
 
-class _Events:
+class _Events(TokenEventStream):
     """TGI's stream: one SSE event per token, no terminator; errors as `{"error", ...}`."""
 
     def __init__(
         self, rendering: translate.Rendering, token_texts: Callable[[list[int]], list[str]]
     ) -> None:
+        super().__init__(errors.stream_error)
         self._rendering = rendering
         self._token_texts = token_texts
         self._encoder: translate.StreamEncoder | None = None
 
     def encode(self, event: GenerationEvent) -> bytes:
+        if self._encoder is None and isinstance(event, Delta):
+            return b""
+        return super().encode(event)
+
+    def other(self, event: GenerationEvent) -> bytes:
         if isinstance(event, Started):
             self._encoder = translate.StreamEncoder(
                 self._rendering,
                 input_length=len(event.prompt_token_ids),
                 token_texts=self._token_texts,
             )
-            return b""
-        if not isinstance(event, Delta) or self._encoder is None:
-            return b""
-        plain = self._encoder.plain_event(event)
-        if plain is not None:
-            return sse_event(plain)
-        events = self._encoder.events(event)
-        if len(events) == 1:  # one token per delta, as a rule
-            return sse_event(jsonio.dumps(events[0]))
-        return b"".join([sse_event(jsonio.dumps(e)) for e in events])
-
-    def error(self, exc: GatewayError) -> bytes:
-        return errors.stream_error(exc)
-
-    def end(self) -> bytes:
         return b""
+
+    def plain(self, delta: Delta) -> bytes | None:
+        assert self._encoder is not None  # encode() waits for Started
+        return self._encoder.plain_event(delta)
+
+    def events(self, delta: Delta) -> list[dict[str, Any]]:
+        assert self._encoder is not None
+        return self._encoder.events(delta)
 
 
 async def _stream(ctx: ProtocolContext, prepared: _Prepared) -> Answer:
@@ -211,7 +221,7 @@ def compat(ctx: ProtocolContext) -> Endpoint:
 
 def invocations(ctx: ProtocolContext) -> Endpoint:
     """SageMaker `/invocations` with a TGI body: TGI's `POST /` (`sagemaker.rs`). DJL's adapter
-    selectors (`?adapter=`, `?model_name=`, the SageMaker headers; `server/http/sagemaker.py`)
+    selectors (`?adapter=`, `?model_name=`, the SageMaker headers; `protocols/common/sagemaker.py`)
     name the adapter over `parameters.adapter_id`."""
 
     async def endpoint(request: Request) -> Answer:
@@ -280,7 +290,7 @@ def routes(ctx: ProtocolContext) -> list[Route]:
     body = GenerateRequest
     out.post("/", compat(ctx),
              doc=Doc(summary="Generate, streamed when `stream` is true", body=body, streams=True))
-    if ctx.tgi_compat:  # ProtocolConfig.tgiCompat (DJL's option.tgi_compat)
+    if options_of(TgiOptions, ctx).tgi_compat:
         out.post("/invocations", invocations(ctx), claim=tgi_body,
                  doc=Doc(summary="SageMaker: TGI (string `inputs`, tgiCompat)", body=body,
                          streams=True))

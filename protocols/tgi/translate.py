@@ -16,14 +16,12 @@ model's value instead of TGI's neutral one; a greedy request keeps temperature 0
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from jsonschema import Draft202012Validator, SchemaError
-
+from protocols.common import grammar
 from protocols.tgi.schema import GenerateRequest, Parameters
 from server.core.composition import merge_from_wire
 from server.core.errors import InvalidRequest, Unsupported
@@ -41,7 +39,6 @@ from server.core.types import (
     Sampling,
     SamplingDefaults,
     Started,
-    StructuredOutput,
     TextPrompt,
     TokenLogprob,
     TokenPrompt,
@@ -263,52 +260,10 @@ def _to_sampling(p: Parameters, sampling: bool, best_of: int) -> Sampling:
         n=best_of,
         stop=tuple(p.stop or ()),
         include_stop_str_in_output=True,  # TGI's text ends with the stop sequence it matched
-        structured=to_structured(p.grammar),
+        structured=None if p.grammar is None else grammar.to_structured(
+            p.grammar, field="grammar", param="parameters.grammar"
+        ),
     )
-
-
-def to_structured(grammar: dict[str, Any] | None) -> StructuredOutput | None:
-    """TGI `grammar`: {"type": "json"|"json_object", "value": schema or its JSON text},
-    {"type": "regex", "value": pattern} or {"type": "json_schema", "value": {"name"?, "schema"}}.
-    JSON schemas pass the router's checks (`validation.rs`), with its messages."""
-    if grammar is None:
-        return None
-    kind, value = grammar.get("type"), grammar.get("value")
-    if kind == "regex" and isinstance(value, str):
-        return StructuredOutput(regex=value)
-    if kind in ("json", "json_object") and "value" in grammar:
-        return StructuredOutput(json_schema=_checked_schema(_grammar_json(value)))
-    if kind == "json_schema" and isinstance(value, dict) and "schema" in value:
-        return StructuredOutput(json_schema=_checked_schema(value["schema"]))
-    raise invalid(
-        "`grammar` must be {type: json|json_object|regex|json_schema, value: ...} with a JSON "
-        "schema or a regex",
-        "grammar",
-    )
-
-
-def _grammar_json(value: Any) -> Any:
-    """A `json` grammar's value: an object, or a string that is re-parsed (TGI's router)."""
-    if isinstance(value, dict):
-        return value
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError as exc:
-            raise invalid(f"grammar is not valid: {exc}", "grammar") from None
-    raise invalid("grammar is not supported", "grammar")
-
-
-def _checked_schema(schema: Any) -> str:
-    """Draft 2020-12 meta-validation, then `properties` required, as TGI's router does (vLLM
-    itself would take a schema without `properties`)."""
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        raise invalid(f"grammar is not valid: {exc.message}", "grammar") from None
-    if not isinstance(schema, dict) or "properties" not in schema:
-        raise invalid("grammar is not valid: Grammar must have a 'properties' field", "grammar")
-    return jsonio.dumps(schema).decode()
 
 
 def to_generation_request(plan: Plan, *, request_id: str) -> GenerationRequest:

@@ -1,1 +1,1 @@
-"""The control plane: MindIE's management routes, the health family and the OpenAPI documents."""
+"""The server's own management routes: the OpenAPI documents and gRPC health."""

@@ -11,17 +11,31 @@ tagged `shared` whose body is any of theirs. Routes without a `Doc` are not desc
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel
+from starlette.requests import Request
 
 from server import __version__
-from server.http.routes import EMBEDS, Body, Route
+from server.core.errors import InvalidRequest
+from server.http.body import json_response
+from server.http.routes import (
+    EMBEDS,
+    MANAGEMENT,
+    Access,
+    Answer,
+    Body,
+    Doc,
+    Render,
+    Route,
+    RouteList,
+)
 
 JSON = dict[str, Any]
 PATH_PARAM = re.compile(r"{(\w+)(?::\w+)?}")
 SHARED = "shared"
+OWNER = "control"  # the route's metrics label and OpenAPI tag, as the control plane's
 
 
 class Components:
@@ -120,3 +134,21 @@ def openapi_document(listener: str, routes: Sequence[Route], server_url: str) ->
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }
+
+
+def routes(documents: Callable[[str], JSON | None], render: Render) -> list[Route]:
+    """`GET /openapi.json?listener=data|management|metrics` on the management listener (admin);
+    `documents` gives a listener's document once every route is built."""
+
+    async def endpoint(request: Request) -> Answer:
+        listener = request.query_params.get("listener", "data")
+        document = documents(listener)
+        if document is None:
+            return render(InvalidRequest("listener must be one of data, management, metrics"))
+        return json_response(document)
+
+    out = RouteList(
+        owner=OWNER, render=render, listeners=frozenset({MANAGEMENT}), access=Access.ADMIN
+    )
+    out.get("/openapi.json", endpoint, doc=Doc(summary="This description", query=("listener",)))
+    return out.routes

@@ -117,10 +117,6 @@ class AdapterRecord:
     def display_name(self) -> str:
         return self.alias or self.name
 
-    def describe(self) -> dict[str, object]:
-        """DJL's describe shape (camelCase, null fields omitted)."""
-        return {"name": self.name, "src": self.src, "preload": self.preload, "pin": self.pin}
-
     def snapshot(self) -> AdapterSnapshot:
         return AdapterSnapshot(
             name=self.name, int_id=self.handle.int_id, residency=self.residency, pinned=self.pin,

@@ -1,19 +1,22 @@
-"""What every protocol's routes are built from (the service, request bounds), and the
-per-request context the listener app keeps (request id, scope keys)."""
+"""What every protocol's routes are built from (the service, request bounds, its options, the
+server port), and the per-request context the listener app keeps (request id, scope keys)."""
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import itertools
 import secrets
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
+from server.core.lifecycle import Shutdown
 from server.core.service import InferenceService
 
+Options = TypeVar("Options")
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 MAX_REQUEST_ID = 256  # a longer X-Request-Id is replaced, not echoed
-# The ids MindIE accepts for a request's `id` and for stopInfer (its std::regex, whole string).
-MINDIE_REQUEST_ID = r"^[a-zA-Z0-9_-]{1,256}$"
 _PREFIX = secrets.token_hex(8)
 _COUNTER = itertools.count(1)
 
@@ -80,6 +83,40 @@ class RequestBounds:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigFacts:
+    """The configuration a protocol's control routes may report: the served model, the KV cache
+    size, the parallel world size, and the resolved settings (secrets redacted) as the operator
+    writes them."""
+
+    model_name: str
+    model_path: str  # the served base model's directory, resolved
+    kv_cache_gib: int
+    world_size: int
+    settings: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyWindows:
+    """Moving means over each worker's last requests (pooled across workers), and the slots
+    waiting for admission in every worker."""
+
+    ttft_s: float  # time to first token
+    tbt_s: float  # time between tokens
+    queued: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerPort:
+    """What a protocol's management and metrics routes reach in the server beyond the service
+    (the role and the state are the service's lifecycle)."""
+
+    shutdown: Shutdown  # a graceful (or forced) stop, and the event set once drained
+    config: ConfigFacts
+    latency: Callable[[], LatencyWindows]  # the metrics view
+    management_address: str  # host:port of the management listener
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProtocolContext:
     service: InferenceService
     max_body_bytes: int = 40 * 1024 * 1024
@@ -87,5 +124,13 @@ class ProtocolContext:
     server_version: str = "0.1.0"
     created: int = 0  # server start, seconds since the epoch
     allow_runtime_lora: bool = True
-    lmi_rolling_batch: bool = False  # DJL answers in LMI's legacy rolling-batch schema
-    tgi_compat: bool = False  # SageMaker /invocations with a string `inputs` is TGI's
+    # the settings protocols declare they read (ProtocolSpec.options), by field name
+    options: Mapping[str, Any] = field(default_factory=dict)
+    server: ServerPort | None = None  # None: no management routes (a context built in a test)
+
+
+def options_of(kind: type[Options], ctx: ProtocolContext) -> Options:
+    """A protocol's typed options (a dataclass whose fields name the settings it reads) from
+    the context; a setting the context lacks keeps the field's default."""
+    names = [f.name for f in dataclasses.fields(kind)]  # type: ignore[arg-type]
+    return kind(**{name: ctx.options[name] for name in names if name in ctx.options})

@@ -1,5 +1,6 @@
 """What a protocol declares: its routes (per listener, with their access class, error renderer,
-body claims on shared paths and overrides), and its spec (name, renderer, route builder).
+body claims on shared paths and overrides), and its spec (name, renderer, route builders, typed
+options, start-up paths and hook).
 
 The listener app is built from these declarations once; nothing re-matches a path per request
 to find a route's access class or error shape.
@@ -131,6 +132,16 @@ class RouteList:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Unrouted:
+    """How a listener without data routes (management, metrics) answers what no route serves;
+    its `render` also shapes the errors of the server's own routes there (OpenAPI, /metrics)."""
+
+    render: Render
+    not_found: Callable[[Scope], Response]
+    method_not_allowed: Callable[[tuple[str, ...]], Response]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProtocolSpec:
     """Everything the server needs to serve one protocol; exported as `SPEC` by its package."""
 
@@ -138,4 +149,17 @@ class ProtocolSpec:
     render: Render  # its error envelope for a domain error
     routes: Callable[[ProtocolContext], Sequence[Route]]
     live_paths: frozenset[str] = frozenset()  # GET paths that answer 200 while the engine starts
+    # templates of the data paths it answers by default (not by a body claim), so that its
+    # `render` answers them while the engine starts (server/http/starting.py)
+    paths: frozenset[str] = frozenset()
     grpc: Callable[[ProtocolContext], Sequence[GrpcService]] | None = None  # its gRPC services
+    # its control plane on the management and metrics listeners (built after every spec's data
+    # routes, from a context that carries the server port), and how those listeners answer
+    # paths no route serves; at most one spec declares `unrouted`
+    management: Callable[[ProtocolContext], Sequence[Route]] | None = None
+    unrouted: Unrouted | None = None
+    # its typed options: a dataclass whose fields name the settings it reads (context.py
+    # `options_of`); the server hands protocols only settings some spec declares
+    options: type[Any] | None = None
+    # run once at start, after the start-up adapters are registered (e.g. DJL's workflows)
+    startup: Callable[[ProtocolContext], Awaitable[None]] | None = None

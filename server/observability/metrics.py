@@ -1,5 +1,5 @@
 """Metrics: `GatewayMetrics` (the service's `RequestObserver` and the listener apps'
-`HttpObserver`), and the routes `/metrics` and `/metrics-json`.
+`HttpObserver`, and the latency windows a protocol's metrics route reads), and `/metrics`.
 
 `/metrics` is vLLM's own `vllm:` families (the engine registers them in prometheus_client's
 default registry of this process) followed by the `gateway_*` families of the gateway registry.
@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -41,8 +40,7 @@ from server.core.lifecycle import Lifecycle, Role, State
 from server.core.service import InferenceService
 from server.core.stream import Timing
 from server.core.types import GenerationRequest, Usage
-from server.http.body import json_response
-from server.http.context import access_note_var
+from server.http.context import LatencyWindows, access_note_var
 from server.http.routes import MANAGEMENT, METRICS, Access, Answer, Doc, Render, Route, RouteList
 from server.observability.families import Counter, Gauge, Histogram, Value
 from server.observability.logs import RequestLog, access_line
@@ -177,13 +175,6 @@ class SharedWindow(MovingAverage):
         super().add(value)
         self._total.value = self._sum
         self._count.value = len(self._values)
-
-
-@dataclass(frozen=True, slots=True)
-class MindieNumbers:
-    ttft_s: float  # mean over the last `window` requests (of each worker, pooled)
-    tbt_s: float
-    queued: int  # slots waiting for admission (every worker's)
 
 
 class GatewayMetrics:
@@ -341,11 +332,11 @@ class GatewayMetrics:
             series = self._adapter_queued.labels(key)
         series.value = slots
 
-    def mindie_numbers(self) -> MindieNumbers:
-        """/metrics-json's own numbers: this process's; with workers every live worker's, the
-        windows pooled (the mean of each worker's last `window` requests together)."""
+    def latency_windows(self) -> LatencyWindows:
+        """The means over the last `window` requests and the queued slots: this process's; with
+        workers every live worker's, the windows pooled (each worker's last requests together)."""
         if self.shared_dir is None:
-            return MindieNumbers(
+            return LatencyWindows(
                 self.ttft_window.mean, self.tbt_window.mean, self._live.admission.waiting
             )
         sums = live_sums(self.shared_dir)
@@ -355,7 +346,7 @@ class GatewayMetrics:
             count = windows.get((f"{name}_count",), 0.0)
             return windows.get((f"{name}_sum",), 0.0) / count if count else 0.0
 
-        return MindieNumbers(mean("ttft"), mean("tbt"), int(sums.get(QUEUED, {}).get((), 0)))
+        return LatencyWindows(mean("ttft"), mean("tbt"), int(sums.get(QUEUED, {}).get((), 0)))
 
     # ---- RequestObserver -----------------------------------------------------------------
     def _of(self, request: GenerationRequest) -> _Series:
@@ -580,60 +571,21 @@ def prometheus_text(registries: Sequence[CollectorRegistry]) -> bytes:
     return b"".join(generate_latest(registry) for registry in registries)
 
 
-def metrics_json(service: InferenceService, metrics: GatewayMetrics, instance: str) -> object:
-    """MindIE's /metrics-json: TTFT and TBT means (integer ms) over the last 1000 requests (of
-    each worker, pooled), waiting and processing requests, free KV blocks; values are strings,
-    `metric` a list."""
-    stats = service.stats()
-    own = metrics.mindie_numbers()
-    values = {
-        "TTFT": round(own.ttft_s * 1000),
-        "TBT": round(own.tbt_s * 1000),
-        "waitingInferRequestNum": stats.waiting + own.queued,
-        "processingInferRequestNum": stats.running,
-        "remainBlocks": stats.free_blocks,
-    }
-    return {
-        "resultType": "vector",
-        "result": [
-            {
-                "metric": [{"__name__": name, "job": "node", "instance": instance}],
-                "value": str(value),
-            }
-            for name, value in values.items()
-        ],
-    }
-
-
-Guard = Callable[[], Response | None]
-
-
 def routes(
     service: InferenceService,
-    metrics: GatewayMetrics,
     *,
     registries: Sequence[CollectorRegistry],
-    instance: str,
-    guard: Guard,
     render: Render,
 ) -> list[Route]:
-    """`/metrics` (always served) and `/metrics-json` (MindIE: 503 once stopping or unhealthy;
-    `guard` returns that response or None), on the metrics and management listeners."""
+    """`/metrics` (always served), on the metrics and management listeners."""
 
     async def prometheus(request: Request) -> Answer:
         await service.adapters.refresh()
         return Response(prometheus_text(registries), media_type=PROMETHEUS_TEXT)
-
-    async def mindie_json(request: Request) -> Answer:
-        refusal = guard()
-        if refusal is not None:
-            return refusal
-        return json_response(metrics_json(service, metrics, instance))
 
     out = RouteList(
         owner=NAME, render=render, access=Access.METRICS,
         listeners=frozenset({MANAGEMENT, METRICS}),
     )
     out.get("/metrics", prometheus, doc=Doc(summary="Prometheus text (vllm: and gateway_)"))
-    out.get("/metrics-json", mindie_json, doc=Doc(summary="MindIE JSON metrics"))
     return out.routes

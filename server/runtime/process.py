@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.core.adapter_state import SavedAdapter
@@ -31,10 +31,11 @@ from server.core.lifecycle import Lifecycle, Shutdown, State, log_phase
 from server.gateway import (
     Gateway,
     build_gateway,
-    live_paths,
     register_startup_adapters,
     saved_adapters,
+    starting_answers,
 )
+from server.http.starting import StartingAnswers
 from server.runtime.grpc_listener import plan_grpc, start_grpc, stop_grpc
 from server.runtime.limits import (
     CONNECTIONS_PER_LINK,
@@ -75,12 +76,13 @@ def plan_listeners(settings: Settings) -> list[Listener]:
 
 
 class StartingApp:
-    """Answers 503 while the engine starts (liveness 200 on `live_paths`: the process is up),
-    then delegates to the listener's app, which is set exactly once."""
+    """Answers 503 while the engine starts, in the shape of the protocol that owns the path
+    (liveness 200 on the live paths: the process is up), then delegates to the listener's app,
+    which is set exactly once."""
 
-    def __init__(self, lifecycle: Lifecycle, live: frozenset[str]) -> None:
+    def __init__(self, lifecycle: Lifecycle, answers: StartingAnswers) -> None:
         self._lifecycle = lifecycle
-        self._live = live
+        self._answers = answers
         self._app: ASGIApp | None = None
 
     def serve(self, app: ASGIApp) -> None:
@@ -93,18 +95,11 @@ class StartingApp:
             return
         if scope["type"] != "http":
             return
-        if scope["path"] in self._live and self._lifecycle.state is State.STARTING:
+        if scope["path"] in self._answers.live and self._lifecycle.state is State.STARTING:
             await Response(status_code=200)(scope, receive, send)
             return
-        response: Response = JSONResponse(
-            {
-                "error": f"The service is {self._lifecycle.state.value}.",
-                "error_type": "Service Unavailable",
-            },
-            status_code=503,
-            headers={"Retry-After": "5"},
-        )
-        await response(scope, receive, send)
+        answer = self._answers.answer(scope["path"], self._lifecycle.state.value)
+        await answer(scope, receive, send)
 
 
 class GatewayServer(uvicorn.Server):
@@ -161,7 +156,7 @@ async def serve(  # noqa: PLR0915 - the start-up sequence, one step per line
     listeners = plan_listeners(settings)
     grpc_plan = plan_grpc(settings, shared=worker is not None)
     saved = saved_adapters(settings) if worker is None or worker.owner else []
-    holders = [StartingApp(lifecycle, live_paths()) for _ in listeners]
+    holders = [StartingApp(lifecycle, starting_answers(ln.roles)) for ln in listeners]
     servers = [
         GatewayServer(uvicorn_config(h, ln, settings))
         for h, ln in zip(holders, listeners, strict=True)

@@ -1,5 +1,5 @@
 """DJL / SageMaker adapter selectors on every body shape, on the real server process and the REAL
-vLLM engine, through real sockets (server/http/sagemaker.py has the precedence).
+vLLM engine, through real sockets (protocols/common/sagemaker.py has the precedence).
 
 Every selector (body `adapters`, `?adapter=`, `X-Amzn-SageMaker-Custom-Attributes: adapter=`,
 `X-Amzn-SageMaker-Adapter-Identifier`) on every body shape of `/invocations` and

@@ -3,6 +3,7 @@ on the REAL engine, and one fake-engine server whose engine dies, for the FAILED
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.dev.healthcheck import main as probe_main
-from tests.integration.traffic import management_client
+from tests.integration.traffic import async_management_client, management_client
 from tests.serverproc import CERTS, RunningServer, free_port, running_server
 
 pytestmark = pytest.mark.server
@@ -55,14 +56,47 @@ def test_management_health_family_is_up(management: httpx.Client) -> None:
     assert missing.json() == {"error": "Model not-served not found.", "error_type": "NotFoundError"}
 
 
+def engine_requests(server: RunningServer) -> float:
+    """The engine's own count of finished requests (vLLM's `vllm:request_success`)."""
+    text = httpx.get(f"{server.metrics_url}/metrics", timeout=30).text
+    return sum(
+        s.value for family in text_string_to_metric_families(text)
+        if family.name == "vllm:request_success"
+        for s in family.samples if s.name.endswith("_total")
+    )
+
+
 def test_timed_health_runs_one_real_generation(
     live_server: RunningServer, management: httpx.Client
 ) -> None:
     before = health_probes(live_server)
     response = management.get("/health/timed-10")
     assert (response.status_code, response.json()) == (200, {"status": "healthy"})
+    # a second probe right after reuses the fresh result (protocols/mindie/probe.py)
     assert management.get("/health/timed").status_code == 200
-    assert health_probes(live_server) == before + 2
+    assert health_probes(live_server) == before + 1
+
+
+def test_concurrent_timed_probes_make_the_engine_run_one_generation(
+    live_server: RunningServer,
+) -> None:
+    """The open probe cannot be used to load the engine: 24 callers at once, one generation."""
+
+    async def probe_all() -> list[httpx.Response]:
+        async with async_management_client(live_server, timeout=60) as http:
+            return await asyncio.gather(*[http.get("/health/timed-30") for _ in range(24)])
+
+    time.sleep(1.1)  # let any earlier probe's result go stale: this burst must run one
+    before, probes_before = engine_requests(live_server), health_probes(live_server)
+    answers = asyncio.run(probe_all())
+    assert [a.status_code for a in answers] == [200] * 24
+    assert health_probes(live_server) == probes_before + 1
+    seen = engine_requests(live_server)
+    deadline = time.monotonic() + 30  # vLLM's stats land with the engine's next step
+    while seen < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        seen = engine_requests(live_server)
+    assert seen == before + 1
 
 
 @pytest.mark.parametrize("suffix", ["-0", "-1000", "-601", "-abc", "--1", "-1.5"])

@@ -12,7 +12,8 @@ from server.core.errors import ServiceUnavailable
 from server.core.lifecycle import Lifecycle, Role, State
 from server.core.types import GenerationRequest, Sampling, TextPrompt
 from server.engines.fake import FakeScript
-from server.gateway import Gateway, live_paths
+from server.gateway import Gateway, starting_answers
+from server.http.routes import MANAGEMENT
 from server.runtime.process import StartingApp, drain
 from tests.unit.gateway_kit import client, make_gateway
 
@@ -392,7 +393,7 @@ async def test_management_and_data_listeners_see_one_state() -> None:
 
 async def test_while_starting_liveness_is_200_and_everything_else_503() -> None:
     lifecycle = Lifecycle()
-    app = StartingApp(lifecycle, live_paths())
+    app = StartingApp(lifecycle, starting_answers((MANAGEMENT,)))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
         assert (await http.get("/v2/health/live")).status_code == 200

@@ -397,14 +397,19 @@ async def test_omitted_sampling_fields_take_the_model_defaults(tmp_path: Any) ->
         assert fake.requests[-1].sampling.temperature == 0.6
 
 
+# TGI's router wants `properties` in a JSON grammar (protocols/common/grammar.py)
+OBJECT = {"type": "object", "properties": {}}
+OBJECT_TEXT = '{"type":"object","properties":{}}'
+
+
 @pytest.mark.parametrize(
     ("fmt", "field", "value"),
     [
-        ({"type": "json", "value": {"type": "object"}}, "json_schema", '{"type":"object"}'),
-        ({"type": "json_object", "value": '{"type": "object"}'}, "json_schema",
-         '{"type": "object"}'),
-        ({"type": "json_schema", "value": {"name": "x", "schema": {"type": "object"}}},
-         "json_schema", '{"type":"object"}'),
+        ({"type": "json", "value": OBJECT}, "json_schema", OBJECT_TEXT),
+        ({"type": "json_object", "value": '{"type": "object", "properties": {}}'}, "json_schema",
+         OBJECT_TEXT),
+        ({"type": "json_schema", "value": {"name": "x", "schema": OBJECT}},
+         "json_schema", OBJECT_TEXT),
         ({"type": "regex", "value": "[a-z]+"}, "regex", "[a-z]+"),
     ],
 )
@@ -416,6 +421,18 @@ def test_tgi_response_formats_on_chat(fmt: dict[str, Any], field: str, value: st
     )
     structured = translate.to_structured(body)
     assert structured is not None and getattr(structured, field) == value
+
+
+def test_a_tgi_response_format_gets_the_tgi_routers_schema_checks() -> None:
+    from protocols.openai_v1 import translate
+
+    body = schema.ChatCompletionRequest.model_validate(
+        {"messages": MESSAGES, "response_format": {"type": "json", "value": {"type": "object"}}}
+    )
+    with pytest.raises(InvalidRequest) as caught:
+        translate.to_structured(body)
+    assert caught.value.message == "grammar is not valid: Grammar must have a 'properties' field"
+    assert caught.value.param == "response_format"
 
 
 def test_a_bad_tgi_response_format_names_the_field() -> None:

@@ -1,5 +1,5 @@
-"""DJL / SageMaker adapter selectors (server/http/sagemaker.py): DJL's precedence, its errors, and
-every selector on every body shape of `/invocations` and `/predictions/{m}`, in process on the
+"""DJL / SageMaker adapter selectors (protocols/common/sagemaker.py): DJL's precedence, its errors,
+and every selector on every body shape of `/invocations` and `/predictions/{m}`, in process on the
 fake engine, whose first token names the adapter that ran ("[a1]")."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from protocols.common.sagemaker import COUNT_MISMATCH, Selectors, custom_attribute_adapter
 from server.core.errors import InvalidRequest
 from server.gateway import Gateway, register_startup_adapters
-from server.http.sagemaker import COUNT_MISMATCH, Selectors, custom_attribute_adapter
 from tests.unit.demo_kit import unit_demo
 from tests.unit.gateway_kit import client, make_gateway
 

@@ -16,6 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from protocols.common.sagemaker import Selectors
 from protocols.djl import schema as djl_schema
 from protocols.djl import translate as djl
 from protocols.kserve_v2 import schema as kserve_schema
@@ -32,7 +33,6 @@ from server.core.types import GenerationRequest, Sampling
 from server.http import jsonio
 from server.http.body import decode_json, parse_model
 from server.http.context import RequestBounds
-from server.http.sagemaker import Selectors
 from server.http.streaming import sse_event
 
 BOUNDS = RequestBounds()

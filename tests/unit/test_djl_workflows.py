@@ -1,4 +1,4 @@
-"""DJL workflow.json loading (server/workflows.py) on the fake engine and temp dirs."""
+"""DJL workflow.json loading (protocols/djl/workflows.py) on the fake engine and temp dirs."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from server.core.adapter_files import AdapterRules
-from server.core.adapters import AdapterLimits, AdapterRegistry
-from server.core.workflows import (
+from protocols.djl.workflows import (
     ServedBase,
     WorkflowError,
     load_workflows,
     parse_workflow,
     register_workflows,
 )
+from server.core.adapter_files import AdapterRules
+from server.core.adapters import AdapterLimits, AdapterRegistry
 from server.engines.fake import FakeEngine
 from tests.unit.demo_kit import write_adapter
 

@@ -1,11 +1,13 @@
-"""The control router: MindIE's management routes on the management listener.
+"""MindIE's control plane: its management routes on the management listener.
 
 Routes (PROTOCOLS.md §5.1–5.2): `GET /stopService` (graceful drain, `?mode=Force` aborts),
 `GET /v1/status` and `/v2/status`, `GET /v1/config`, `POST /v1/role/{prefill|decode|flex}` and
 `/v2/role/{prefill|decode}`, `GET /health/timed[-{seconds}]` (a real one-token generation),
 and the health family `/v2/health/live|ready`, `/v2/models/{m}/ready`, `/health`,
 `/v2/models/{m}/getSlotCount`. Every answer reads the one `Lifecycle`; errors use MindIE's
-envelope `{"error": message, "error_type": reason}`.
+envelope `{"error": message, "error_type": reason}`, which is also how the management and
+metrics listeners answer paths no route serves (`UNROUTED`). What these routes need from the
+server (stop, the configuration facts) comes through the context's `ServerPort`.
 
 Liveness and readiness (RELIABILITY_PERF.md B.2): live is 200 while the process serves, even
 while draining (a liveness failure would kill a draining pod), and 500 once the engine failed;
@@ -14,10 +16,8 @@ ready is 503 while draining, stopped or saturated (MindIE "busy"), 500 once the 
 
 from __future__ import annotations
 
-import asyncio
 import os
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,13 +25,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Scope
 
-from server.core.errors import GatewayError, Overloaded, PayloadTooLarge, Unauthorized
+from protocols.common.errors import ErrorTable
+from protocols.mindie.probe import ProbeGate
+from server.core.errors import GatewayError, PayloadTooLarge, ServiceUnavailable, Unauthorized
 from server.core.lifecycle import Lifecycle, Role, Shutdown, State
 from server.core.service import InferenceService
-from server.core.types import GenerationRequest, Sampling, TextPrompt
 from server.http import jsonio
-from server.http.body import json_response
-from server.http.routes import MANAGEMENT, Access, Answer, Doc, Route, RouteList
+from server.http.body import json_response, retry_headers
+from server.http.context import ConfigFacts, ServerPort
+from server.http.routes import MANAGEMENT, Access, Answer, Doc, Route, RouteList, Unrouted
 
 NAME = "control"
 LIVE_PATHS = frozenset({"/v2/health/live"})  # answers 200 while the engine starts
@@ -65,19 +67,21 @@ def mindie_error(
     return json_response(body, status, headers)
 
 
-CONTROL_STATUS: tuple[tuple[type[GatewayError], int, str], ...] = (
-    (Unauthorized, 401, "Unauthorized"),
-    (PayloadTooLarge, 413, "Payload Too Large"),
+# (status, reason text), keyed by domain error class (closest in the MRO wins).
+CONTROL_STATUS: ErrorTable[tuple[int, str]] = ErrorTable(
+    {
+        Unauthorized: (401, "Unauthorized"),
+        PayloadTooLarge: (413, "Payload Too Large"),
+        ServiceUnavailable: (503, "Service Unavailable"),  # the start-up answer
+    },
+    default=(400, "Bad Request"),
 )
 
 
 def render(exc: GatewayError) -> Response:
     """The control plane's (MindIE) envelope `{"error", "error_type"}` for a domain error."""
-    status, reason = next(
-        ((code, reason) for cls, code, reason in CONTROL_STATUS if isinstance(exc, cls)),
-        (400, "Bad Request"),
-    )
-    return mindie_error(status, exc.message, error_type=reason)
+    status, reason = CONTROL_STATUS[exc]
+    return mindie_error(status, exc.message, error_type=reason, headers=retry_headers(exc))
 
 
 def not_found(scope: Scope) -> Response:
@@ -86,6 +90,9 @@ def not_found(scope: Scope) -> Response:
 
 def method_not_allowed(allowed: tuple[str, ...]) -> Response:
     return mindie_error(405, "Method Not Allowed", headers={"Allow": ", ".join(allowed)})
+
+
+UNROUTED = Unrouted(render=render, not_found=not_found, method_not_allowed=method_not_allowed)
 
 
 def message(status: int, text: str) -> Response:
@@ -202,35 +209,11 @@ def parse_wait(raw: str | None) -> int | Response:
     return seconds
 
 
-async def probe(service: InferenceService, seconds: int) -> Response:
-    """A real one-token generation within `seconds`: 200 healthy (also when merely busy)."""
-    healthy = json_response({"status": "healthy"})
-    if not service.lifecycle.role.admits_requests:
-        try:
-            await asyncio.wait_for(service.check_health(), seconds)
-        except (GatewayError, TimeoutError) as exc:
-            return mindie_error(500, f"Engine health check failed: {exc}")
-        return healthy
-    request = GenerationRequest(
-        request_id=f"health-{uuid.uuid4().hex[:16]}",
-        model="",
-        prompt=TextPrompt("health"),
-        sampling=Sampling(max_new_tokens=1, temperature=0.0),
-        protocol="health",
-        timeout_s=float(seconds),
-    )
-    try:
-        await asyncio.wait_for(service.generate(request), seconds)
-    except Overloaded:
-        return healthy
-    except TimeoutError:
-        return mindie_error(500, f"The health probe did not finish within {seconds} s")
-    except GatewayError as exc:
-        return mindie_error(500, f"The health probe failed: {exc.message}")
-    return healthy
-
-
 def timed_health(service: InferenceService, out: RouteList) -> None:
+    """`/health/timed[-{s}]`: open, so its probes go through one `ProbeGate` (one at a time, a
+    fresh result reused) and cannot be used to load the engine."""
+    gate = ProbeGate(service)
+
     async def endpoint(request: Request) -> Answer:
         state = service.lifecycle.state
         if state in (State.DRAINING, State.STOPPED):
@@ -240,7 +223,10 @@ def timed_health(service: InferenceService, out: RouteList) -> None:
         wait = parse_wait(request.path_params.get("seconds"))
         if isinstance(wait, Response):
             return wait
-        return await probe(service, wait)
+        result = await gate.check(wait)
+        if result.failure is not None:
+            return mindie_error(500, result.failure)
+        return json_response({"status": "healthy"})
 
     doc = Doc(summary="One-token probe (open)")
     out.get("/health/timed", endpoint, access=Access.OPEN, doc=doc)
@@ -251,25 +237,6 @@ def timed_health(service: InferenceService, out: RouteList) -> None:
 @dataclass(kw_only=True)
 class RoleState:
     p_percentage: int | None = None  # flex only: share of prefill work (MindIE)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConfigFacts:
-    """What `/v1/config` reports: MindIE's fields, and the resolved settings (secrets redacted)
-    as the operator writes them."""
-
-    model_name: str
-    kv_cache_gib: int
-    world_size: int
-    settings: Mapping[str, Any]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ControlContext:
-    service: InferenceService
-    config: ConfigFacts
-    shutdown: Shutdown
-    openapi: Callable[[str], dict[str, Any] | None]  # a listener's OpenAPI document
 
 
 def status_body(service: InferenceService, roles: RoleState, *, v2: bool) -> dict[str, Any]:
@@ -402,9 +369,8 @@ def stop_routes(shutdown: Shutdown, out: RouteList) -> None:
             doc=Doc(summary="Graceful stop (`mode=Force` aborts)", query=("mode",)))
 
 
-def routes(ctx: ControlContext) -> list[Route]:
+def routes(service: InferenceService, server: ServerPort) -> list[Route]:
     """The management listener's own routes: control plane (admin) and health family (open)."""
-    service = ctx.service
     out = RouteList(
         owner=NAME, render=render, listeners=frozenset({MANAGEMENT}), access=Access.ADMIN
     )
@@ -421,25 +387,13 @@ def routes(ctx: ControlContext) -> list[Route]:
         )
 
     async def config(request: Request) -> Answer:
-        return json_response(config_body(service, ctx.config))
+        return json_response(config_body(service, server.config))
 
-    async def openapi(request: Request) -> Answer:
-        listener = request.query_params.get("listener", "data")
-        document = ctx.openapi(listener)
-        if document is None:
-            return json_response(
-                {"error": "listener must be one of data, management, metrics",
-                 "error_type": "Bad Request"},
-                400,
-            )
-        return json_response(document)
-
-    stop_routes(ctx.shutdown, out)
+    stop_routes(server.shutdown, out)
     out.get("/v1/status", status_v1, doc=Doc(summary="Status"))
     out.get("/v2/status", status_v2, doc=Doc(summary="Status (v2)"))
     out.get("/v1/config", config, doc=Doc(summary="Configuration, secrets redacted"))
     role_routes(service.lifecycle, roles, out)
     timed_health(service, out)
-    out.get("/openapi.json", openapi, doc=Doc(summary="This description", query=("listener",)))
     health_routes(service, out)
     return out.routes
