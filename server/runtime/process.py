@@ -165,7 +165,8 @@ async def serve(  # noqa: PLR0915 - the start-up sequence, one step per line
     phase = time.monotonic()
     check_uvicorn()
     lifecycle = worker.lifecycle() if worker else Lifecycle()
-    shutdown = Shutdown(lifecycle, worker.tell_supervisor if worker else None)
+    shutdown = Shutdown(lifecycle, worker.tell_supervisor if worker else None,
+                        drain_delay_s=settings.server.drain_delay)
     listeners = plan_listeners(settings)
     grpc_plan = plan_grpc(settings, shared=worker is not None,
                           port=worker.grpc_port if worker else None)
@@ -287,10 +288,13 @@ class StopSignals:
 
 
 async def drain(gateway: Gateway) -> None:
-    """Stop admitting; wait for in-flight requests (queued ones included) up to drainTimeout,
-    or not at all when forced; abort the rest with an in-band error; then set `drained`."""
+    """Serve on through the lame-duck period (drainDelay) if one began; stop admitting; wait
+    for in-flight requests (queued ones included) up to drainTimeout, or not at all when
+    forced; abort the rest with an in-band error; then set `drained`."""
     lifecycle = gateway.lifecycle
     lifecycle.begin_drain()
+    await _lame_duck(gateway)
+    lifecycle.end_lame_duck()
     timeout = gateway.settings.limits.drain_timeout_s
     logger.info("draining %d requests (timeout %ss)", lifecycle.inflight, timeout)
     if not await _idle_unless_forced(gateway, timeout):
@@ -298,6 +302,18 @@ async def drain(gateway: Gateway) -> None:
         logger.warning("drain ended before idle: aborted %d requests", aborted)
         await lifecycle.wait_idle(ABORT_GRACE_S)
     gateway.shutdown.drained.set()
+
+
+async def _lame_duck(gateway: Gateway) -> None:
+    """Readiness fails already, so balancers and Kubernetes take this server out of rotation
+    within their check interval; what they still send meanwhile is served, not refused. A
+    forced stop ends the period."""
+    if not gateway.lifecycle.lame_duck:
+        return
+    delay = gateway.shutdown.drain_delay_s
+    logger.info("lame duck for %ss: readiness fails, new requests are still served", delay)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(gateway.shutdown.forced.wait(), delay)
 
 
 async def _idle_unless_forced(gateway: Gateway, timeout: float) -> bool:
