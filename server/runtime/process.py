@@ -38,6 +38,7 @@ from server.gateway import (
 )
 from server.runtime.grpc_listener import (
     BoundGrpc,
+    GrpcPlan,
     bind_grpc,
     plan_grpc,
     start_grpc,
@@ -177,8 +178,7 @@ async def serve(  # noqa: PLR0915 - the start-up sequence, one step per line
         for h, ln in zip(holders, listeners, strict=True)
     ]
     try:
-        sockets = worker.listening_sockets(listeners) if worker else bind_listeners(listeners)
-        bound_grpc = bind_grpc(grpc_plan)
+        sockets, bound_grpc = _bind(listeners, grpc_plan, worker)
     except PortUnavailable as exc:
         logger.error("%s", exc)  # the one line: before the engine, no traceback
         return 1
@@ -399,6 +399,20 @@ def bind_listeners(listeners: list[Listener]) -> list[socket.socket]:
             sock.close()
         raise
     return sockets
+
+
+def _bind(
+    listeners: list[Listener], grpc_plan: GrpcPlan | None, worker: Worker | None
+) -> tuple[list[socket.socket], BoundGrpc | None]:
+    """Every listener's port, bound (a worker's sockets join its supervisor's reservation);
+    PortUnavailable, with none left open, if one cannot be."""
+    sockets = worker.listening_sockets(listeners) if worker else bind_listeners(listeners)
+    try:
+        return sockets, bind_grpc(grpc_plan)
+    except PortUnavailable:
+        for sock in sockets:
+            sock.close()
+        raise
 
 
 async def _unbind_grpc(bound: BoundGrpc | None) -> None:
