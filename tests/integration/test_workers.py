@@ -32,7 +32,7 @@ from tests.serverproc import DEMO, RunningServer, running_server
 
 PINNED = {"VLLM_CPU_OMP_THREADS_BIND": "1"}
 WORKERS = {
-    "ServerConfig": {"workers": 2},
+    "ServerConfig": {"workers": 2, "drainDelay": 5},  # the default lame-duck period on stop
     "ModelConfig": {"maxNumSeqs": 64},  # the drain test's 64 requests all run at once
     "LimitsConfig": {"maxConcurrentRequests": 128, "maxQueue": 128, "drainTimeout": 120},
 }
@@ -40,15 +40,12 @@ PROMPT = "the two workers share one engine"
 TOKENS = 12
 DRAIN_TOKENS = 300
 WAIT_S = 120.0
-START_S = 600.0  # on a 2-core host shared with other engines a start took over 3 minutes
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    overrides = {**WORKERS, "ServerConfig": {"workers": 2, "drainDelay": 5}}  # the default
     with running_server(
-        tmp_path_factory.mktemp("workers"), overrides=overrides, environ=PINNED,
-        ready_timeout=START_S,
+        tmp_path_factory.mktemp("workers"), overrides=WORKERS, environ=PINNED
     ) as running:
         yield running
 
