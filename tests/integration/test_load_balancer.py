@@ -220,8 +220,13 @@ def start_replicas(tmp: Path) -> dict[str, RunningServer]:
         config = merge(base_config(), overrides)
         del config["ServerConfig"]["drainDelay"]  # the default lame-duck period
         replicas[name] = start_server(tmp / name, config, env)
-    for replica in replicas.values():
-        wait_ready(replica, START_S)
+    try:
+        for replica in replicas.values():
+            wait_ready(replica, START_S)
+    except BaseException:  # a replica that never turned ready: stop both, leave none behind
+        for replica in replicas.values():
+            replica.stop()
+        raise
     return replicas
 
 
