@@ -112,7 +112,7 @@ def build_gateway(
     """The gateway of this process; `make_adapters` makes its adapter registry (another
     worker's mirror, server/runtime/worker_link.py, when several processes serve)."""
     lifecycle = lifecycle or Lifecycle()
-    shutdown = shutdown or Shutdown(lifecycle)
+    shutdown = shutdown or Shutdown(lifecycle, drain_delay_s=settings.server.drain_delay)
     base_names = _base_names(settings, engine)
     state = settings.lora.state_file
     rules = adapter_rules(settings, base_names)

@@ -108,6 +108,9 @@ def base_config(engine: str = "vllm") -> dict[str, Any]:
             "maxRequestLength": 1,
             # `make test` runs the conformance suite once more on two worker processes
             "workers": int(os.environ.get("GATEWAY_TEST_WORKERS", "1")),
+            # no lame-duck period: a stop refuses new requests at once (tests of drainDelay and
+            # of a balancer in front set it)
+            "drainDelay": 0,
         },
         "ModelConfig": {
             "modelName": "tiny",

@@ -1,6 +1,8 @@
 """The one lifecycle every health route reads: state, role and the in-flight count.
 
 STARTING → READY → DRAINING → STOPPED, or FAILED from any state (engine start or engine death).
+A drain may begin with a lame-duck period (`ServerConfig.drainDelay`): readiness fails at once,
+so balancers take the server out of rotation, but what they still send meanwhile is served.
 The role (MindIE PD roles) gates admission: a `decode` instance takes work only from prefill
 peers, never new requests from clients.
 """
@@ -51,6 +53,7 @@ class Lifecycle:
         self._role = role
         self.failure: str | None = None
         self.inflight = 0
+        self._lame_duck = False
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -64,7 +67,17 @@ class Lifecycle:
 
     @property
     def accepting(self) -> bool:
+        """Ready for traffic: what every readiness probe answers (READY only)."""
         return self.state is State.READY
+
+    @property
+    def admitting(self) -> bool:
+        """Whether new requests are admitted: when READY, and in a drain's lame-duck period."""
+        return self.accepting or (self.state is State.DRAINING and self._lame_duck)
+
+    @property
+    def lame_duck(self) -> bool:
+        return self._lame_duck
 
     @property
     def live(self) -> bool:
@@ -86,13 +99,20 @@ class Lifecycle:
         self.failure = reason
         self.state = State.FAILED
 
-    def begin_drain(self) -> bool:
-        """Stop admitting. Returns False if a drain or stop was already under way."""
+    def begin_drain(self, *, lame_duck: bool = False) -> bool:
+        """Fail readiness; stop admitting unless `lame_duck` (and READY: a server still starting
+        has no traffic to keep serving) until `end_lame_duck`. Returns False if a drain or stop
+        was already under way."""
         if self.state in (State.DRAINING, State.STOPPED):
             return False
+        self._lame_duck = lame_duck and self.state is State.READY
         if self.state is not State.FAILED:
             self.state = State.DRAINING
         return True
+
+    def end_lame_duck(self) -> None:
+        """Stop admitting new requests (the drain proper)."""
+        self._lame_duck = False
 
     def stopped(self) -> None:
         if self.state is not State.FAILED:
@@ -119,13 +139,21 @@ class Lifecycle:
 
 class Shutdown:
     """The stop request: SIGTERM, SIGINT and GET /stopService all land in `request()`.
-    Readiness turns 503 at once; the runtime drains (server/runtime/process.py) and then sets
-    `drained`. `force` aborts in-flight requests instead of waiting for them. Idempotent.
+    Readiness turns 503 at once; new requests are still admitted for `drain_delay_s` (the
+    lame-duck period, unless forced); the runtime drains (server/runtime/process.py) and then
+    sets `drained`. `force` aborts in-flight requests instead of waiting for them. Idempotent.
     `also` is told of every request (a worker tells its supervisor, which stops every worker)."""
 
-    def __init__(self, lifecycle: Lifecycle, also: Callable[[bool], None] | None = None) -> None:
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        also: Callable[[bool], None] | None = None,
+        *,
+        drain_delay_s: float = 0.0,
+    ) -> None:
         self._lifecycle = lifecycle
         self._also = also
+        self.drain_delay_s = drain_delay_s
         self.requested = asyncio.Event()
         self.forced = asyncio.Event()
         self.drained = asyncio.Event()
@@ -133,7 +161,8 @@ class Shutdown:
     def request(self, *, force: bool = False) -> None:
         if self._also is not None and not (self.forced if force else self.requested).is_set():
             self._also(force)
-        self._lifecycle.begin_drain()
+        self._lifecycle.begin_drain(lame_duck=self.drain_delay_s > 0 and not force)
         if force:
+            self._lifecycle.end_lame_duck()
             self.forced.set()
         self.requested.set()

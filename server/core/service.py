@@ -229,7 +229,7 @@ class InferenceService:
         return self.adapters.canonical(name)
 
     def _gate(self) -> None:
-        if not self.lifecycle.accepting:
+        if not self.lifecycle.admitting:
             state = self.lifecycle.state.value
             raise ServiceUnavailable(f"The service is not ready (state: {state}).")
         role = self.lifecycle.role

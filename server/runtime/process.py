@@ -1,4 +1,5 @@
-"""The process: listeners up first (health says "starting"), then the engine, then READY.
+"""The process: listeners bound first (health says "starting"; a taken port stops the start
+before the engine), then the engine, then READY.
 
 One event loop runs one uvicorn server per distinct address; the gateway owns the signals, so
 SIGTERM, SIGINT and GET /stopService all take the same drain path (`Shutdown.request`): stop
@@ -36,13 +37,21 @@ from server.gateway import (
     starting_answers,
 )
 from server.http.starting import StartingAnswers
-from server.runtime.grpc_listener import plan_grpc, start_grpc, stop_grpc
+from server.runtime.grpc_listener import (
+    BoundGrpc,
+    GrpcPlan,
+    bind_grpc,
+    plan_grpc,
+    start_grpc,
+    stop_grpc,
+)
 from server.runtime.limits import (
     CONNECTIONS_PER_LINK,
     HttpLimits,
     check_uvicorn,
     limited_protocol,
 )
+from server.runtime.ports import PortUnavailable, bind_port
 from server.runtime.tls import build_context, check_bind_address, tls_files
 from server.runtime.worker import Worker
 from server.runtime.worker_link import MirrorRegistry, OwnerLink, RegistryOwner
@@ -152,23 +161,31 @@ async def serve(  # noqa: PLR0915 - the start-up sequence, one step per line
     phase = time.monotonic()
     check_uvicorn()
     lifecycle = worker.lifecycle() if worker else Lifecycle()
-    shutdown = Shutdown(lifecycle, worker.tell_supervisor if worker else None)
+    shutdown = Shutdown(lifecycle, worker.tell_supervisor if worker else None,
+                        drain_delay_s=settings.server.drain_delay)
     listeners = plan_listeners(settings)
-    grpc_plan = plan_grpc(settings, shared=worker is not None)
+    grpc_plan = plan_grpc(settings, shared=worker is not None,
+                          port=worker.grpc_port if worker else None)
     saved = saved_adapters(settings) if worker is None or worker.owner else []
     holders = [StartingApp(lifecycle, starting_answers(ln.roles)) for ln in listeners]
     servers = [
         GatewayServer(uvicorn_config(h, ln, settings))
         for h, ln in zip(holders, listeners, strict=True)
     ]
-    sockets = worker.listening_sockets([ln.host for ln in listeners]) if worker else None
+    try:
+        sockets, bound_grpc = _bind(listeners, grpc_plan, worker)
+    except PortUnavailable as exc:
+        logger.error("%s", exc)  # the one line: before the engine, no traceback
+        return 1
     tasks = await _open(servers, listeners, phase, sockets)
     StopSignals(shutdown).install(interrupt=worker is None)
     try:
         engine = await _start_engine(settings, engine_factory, shutdown.requested)
     except Exception as exc:
+        await _unbind_grpc(bound_grpc)
         return await _failed_start("engine failed to start", exc, lifecycle, servers, tasks)
     if engine is None:
+        await _unbind_grpc(bound_grpc)
         await _close_servers(servers, tasks)
         return 0
     gateway = build_gateway(
@@ -181,15 +198,17 @@ async def serve(  # noqa: PLR0915 - the start-up sequence, one step per line
         link = await _adapters_at_start(gateway, worker, saved)
     except GatewayError as exc:
         await engine.shutdown()
+        await _unbind_grpc(bound_grpc)
         return await _failed_start("the adapter registry failed", exc, lifecycle, servers, tasks)
     for holder, listener in zip(holders, listeners, strict=True):
         holder.serve(gateway.app(listener.roles))
     try:
-        grpc_server = await start_grpc(gateway, grpc_plan)
+        grpc_server = await start_grpc(gateway, bound_grpc)
         if worker is not None:
             await worker.all_started()
     except Exception as exc:
         await engine.shutdown()
+        await _unbind_grpc(bound_grpc)
         return await _failed_start("the start failed", exc, lifecycle, servers, tasks)
     # Move the start-up heap (torch, vLLM, tokenizer) out of the collector's reach, as vLLM's
     # own server does: otherwise full collections under load stall the event loop 0.4-0.65 s.
@@ -264,10 +283,13 @@ class StopSignals:
 
 
 async def drain(gateway: Gateway) -> None:
-    """Stop admitting; wait for in-flight requests (queued ones included) up to drainTimeout,
-    or not at all when forced; abort the rest with an in-band error; then set `drained`."""
+    """Serve on through the lame-duck period (drainDelay) if one began; stop admitting; wait
+    for in-flight requests (queued ones included) up to drainTimeout, or not at all when
+    forced; abort the rest with an in-band error; then set `drained`."""
     lifecycle = gateway.lifecycle
     lifecycle.begin_drain()
+    await _lame_duck(gateway)
+    lifecycle.end_lame_duck()
     timeout = gateway.settings.limits.drain_timeout_s
     logger.info("draining %d requests (timeout %ss)", lifecycle.inflight, timeout)
     if not await _idle_unless_forced(gateway, timeout):
@@ -275,6 +297,18 @@ async def drain(gateway: Gateway) -> None:
         logger.warning("drain ended before idle: aborted %d requests", aborted)
         await lifecycle.wait_idle(ABORT_GRACE_S)
     gateway.shutdown.drained.set()
+
+
+async def _lame_duck(gateway: Gateway) -> None:
+    """Readiness fails already, so balancers and Kubernetes take this server out of rotation
+    within their check interval; what they still send meanwhile is served, not refused. A
+    forced stop ends the period."""
+    if not gateway.lifecycle.lame_duck:
+        return
+    delay = gateway.shutdown.drain_delay_s
+    logger.info("lame duck for %ss: readiness fails, new requests are still served", delay)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(gateway.shutdown.forced.wait(), delay)
 
 
 async def _idle_unless_forced(gateway: Gateway, timeout: float) -> bool:
@@ -348,21 +382,51 @@ async def _register_adapters(gateway: Gateway, saved: list[SavedAdapter]) -> Non
     log_phase(logger, "adapters", since, f"{len(gateway.adapters)} registered")
 
 
+def bind_listeners(listeners: list[Listener]) -> list[socket.socket]:
+    """One listening socket per listener, bound exclusively; PortUnavailable (and none left
+    open) if any address is taken."""
+    sockets: list[socket.socket] = []
+    try:
+        for listener in listeners:
+            sockets.append(bind_port(listener.host, listener.port, listener.roles, listen=True))
+    except PortUnavailable:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _bind(
+    listeners: list[Listener], grpc_plan: GrpcPlan | None, worker: Worker | None
+) -> tuple[list[socket.socket], BoundGrpc | None]:
+    """Every listener's port, bound (a worker's sockets join its supervisor's reservation);
+    PortUnavailable, with none left open, if one cannot be."""
+    sockets = worker.listening_sockets(listeners) if worker else bind_listeners(listeners)
+    try:
+        return sockets, bind_grpc(grpc_plan)
+    except PortUnavailable:
+        for sock in sockets:
+            sock.close()
+        raise
+
+
+async def _unbind_grpc(bound: BoundGrpc | None) -> None:
+    if bound is not None:
+        await bound.server.stop(None)
+
+
 async def _open(
     servers: list[GatewayServer],
     listeners: list[Listener],
     since: float,
-    sockets: Sequence[socket.socket] | None = None,
+    sockets: Sequence[socket.socket],
 ) -> list[asyncio.Task[None]]:
-    """Start the listeners (on the supervisor's `sockets`, one per listener, if given); once
-    all are bound (or one failed, which shows later), log them."""
-    if sockets is None:
-        tasks = [asyncio.create_task(s.serve()) for s in servers]
-    else:
-        tasks = [
-            asyncio.create_task(s.serve(sockets=[sock]))
-            for s, sock in zip(servers, sockets, strict=True)
-        ]
+    """Serve the listeners on their bound `sockets` (one per listener); once all serve (or one
+    failed, which shows later), log them."""
+    tasks = [
+        asyncio.create_task(s.serve(sockets=[sock]))
+        for s, sock in zip(servers, sockets, strict=True)
+    ]
     while not all(s.started for s in servers) and not any(t.done() for t in tasks):  # noqa: ASYNC110 (uvicorn offers only a flag)
         await asyncio.sleep(0.01)
     where = ", ".join(f"{ln.host}:{ln.port} {'+'.join(ln.roles)}" for ln in listeners)

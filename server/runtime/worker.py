@@ -25,14 +25,15 @@ from typing import TYPE_CHECKING, Any
 from server.core.adapters import AdapterRegistry
 from server.core.errors import ServiceUnavailable
 from server.core.lifecycle import Lifecycle, Role
+from server.runtime.ports import bind_port
 from server.runtime.worker_link import mirror_factory
 
 if TYPE_CHECKING:
     from server.engines.vllm import ClientPlace
+    from server.runtime.process import Listener
     from server.settings import Settings
 
 ROLES = tuple(Role)
-BACKLOG = 2048
 START_TIMEOUT_S = 900.0  # every worker started (engine clients, adapters) within this
 
 
@@ -41,17 +42,18 @@ class Worker:
     index: int
     count: int
     ports: tuple[int, ...]  # one per listener, in `plan_listeners` order (0 resolved)
+    grpc_port: int | None  # the gRPC listener's (0 resolved), None without one
     registry_path: Path  # the owner's Unix socket
     started: threading.Barrier  # a multiprocessing Barrier of `count` parties
     role: Any  # a multiprocessing RawValue("i"): index of the role in ROLES
     engine: ClientPlace | None  # None: the fake engine (one per worker)
 
-    def listening_sockets(self, hosts: Sequence[str]) -> list[socket.socket]:
+    def listening_sockets(self, listeners: Sequence[Listener]) -> list[socket.socket]:
         """This worker's own socket per listener, sharing the port with the other workers
         (SO_REUSEPORT: the kernel spreads new connections evenly over them; one socket accepted
         by all would let whichever worker wakes first take every waiting connection)."""
-        return [shared_port_socket(host, port, listen=True)
-                for host, port in zip(hosts, self.ports, strict=True)]
+        return [bind_port(ln.host, port, ln.roles, listen=True, shared=True)
+                for ln, port in zip(listeners, self.ports, strict=True)]
 
     @property
     def owner(self) -> bool:
@@ -118,23 +120,6 @@ class SharedRoleLifecycle(Lifecycle):
     @role.setter
     def role(self, role: Role) -> None:
         self._shared.value = ROLES.index(role)
-
-
-def shared_port_socket(host: str, port: int, *, listen: bool) -> socket.socket:
-    """A TCP socket bound with SO_REUSEPORT; listening (a worker's) or not (the supervisor's
-    reservation of the port: the kernel hands connections to listening sockets only)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-        if listen:
-            sock.listen(BACKLOG)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def _part(total: int, count: int) -> int:

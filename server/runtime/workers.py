@@ -1,10 +1,11 @@
 """The supervisor of `ServerConfig.workers` > 1 front-end processes over one engine core.
 
-It reserves the listeners' ports (each worker then listens on its own socket of each port with
-SO_REUSEPORT, HTTP and gRPC alike, and the kernel spreads connections over them), starts the
-engine core once through vLLM's own multi-API-server launch (`CoreLaunch`, the mechanism behind
-`vllm serve --api-server-count`) and spawns the workers, each with its own client of that core.
-It holds no request and never generates.
+It checks and reserves the listeners' ports before anything starts (a taken port stops the start
+there; each worker then listens on its own socket of each port with SO_REUSEPORT, HTTP and gRPC
+alike, and the kernel spreads connections over them), starts the engine core once through vLLM's
+own multi-API-server launch (`CoreLaunch`, the mechanism behind `vllm serve --api-server-count`)
+and spawns the workers, each with its own client of that core. It holds no request and never
+generates.
 
 One lifecycle: the workers turn ready together (a start barrier); SIGTERM or SIGINT here, or
 GET /stopService on any worker (which signals SIGUSR1 here), drains every worker (a second
@@ -34,8 +35,9 @@ from typing import TYPE_CHECKING, Any
 from server.core.lifecycle import log_phase
 from server.engines.factory import launch_core
 from server.runtime.grpc_listener import plan_grpc
+from server.runtime.ports import PortUnavailable, bind_port, check_free
 from server.runtime.process import plan_listeners, uvicorn_config
-from server.runtime.worker import Worker, run_worker, shared_port_socket
+from server.runtime.worker import Worker, run_worker
 from server.settings import Settings
 
 if TYPE_CHECKING:
@@ -66,13 +68,18 @@ class Supervisor:
 
     def run(self, started: float) -> int:
         """Start everything, supervise until stopped, clean up. The process exit code."""
-        reserved = self._reserve()
+        try:
+            reserved = self._reserve()
+        except PortUnavailable as exc:
+            logger.error("%s", exc)  # the one line: before the engine, no traceback
+            shutil.rmtree(self._private, ignore_errors=True)
+            return 1
         log_phase(logger, "listeners", started, "ports reserved for the workers")
         self._install_signals()
         # the workers inherit it; prometheus_client reads it when they import it
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self._metrics_dir())  # noqa: TID251
         try:
-            self._start(tuple(sock.getsockname()[1] for sock in reserved))
+            self._start([sock.getsockname()[1] for sock in reserved])
         except Exception:
             logger.exception("the server failed to start")
             self._failed = True
@@ -87,21 +94,37 @@ class Supervisor:
 
     # ---- start ---------------------------------------------------------------------------
     def _reserve(self) -> list[socket.socket]:
-        """Check every listener as a single server would (TLS files, bind address) and reserve
-        the HTTP ports (a port another program holds fails here; port 0 gets its number)."""
+        """Check every listener as a single server would (TLS files, bind address), then every
+        port (PortUnavailable if a program listens there), then reserve them all: the HTTP
+        ports in `plan_listeners` order, the gRPC port last (port 0 gets its number)."""
         settings = self.settings
         listeners = plan_listeners(settings)
         for listener in listeners:
             uvicorn_config(_refuse, listener, settings)
-        plan_grpc(settings)
-        return [shared_port_socket(ln.host, ln.port, listen=False) for ln in listeners]
+        wanted = [(ln.host, ln.port, ln.roles) for ln in listeners]
+        grpc = plan_grpc(settings)
+        if grpc is not None:
+            wanted.append((grpc.host, grpc.port, ("grpc",)))
+        for host, port, roles in wanted:
+            check_free(host, port, roles)
+        reserved: list[socket.socket] = []
+        try:
+            for host, port, roles in wanted:
+                reserved.append(bind_port(host, port, roles, listen=False, shared=True))
+        except PortUnavailable:
+            for sock in reserved:
+                sock.close()
+            raise
+        return reserved
 
     def _metrics_dir(self) -> Path:
         path = self._private / "metrics"
         path.mkdir()
         return path
 
-    def _start(self, ports: tuple[int, ...]) -> None:
+    def _start(self, ports: list[int]) -> None:
+        """Start the engine core and the workers on the reserved `ports` (the HTTP listeners',
+        then the gRPC one's if configured)."""
         since = time.monotonic()
         self._barrier = self._context.Barrier(self.count)
         role = self._context.RawValue("i", 0)
@@ -114,12 +137,13 @@ class Supervisor:
                 self._launch.watch(self.workers)
             log_phase(logger, "engine start", since, f"engine core for {self.count} workers")
 
-    def _spawn(
-        self, ports: tuple[int, ...], role: Any, places: list[ClientPlace | None]
-    ) -> None:
+    def _spawn(self, ports: list[int], role: Any, places: list[ClientPlace | None]) -> None:
+        http_count = len(plan_listeners(self.settings))
+        grpc_port = ports[http_count] if len(ports) > http_count else None
         for index, place in enumerate(places):
             worker = Worker(
-                index=index, count=self.count, ports=ports,
+                index=index, count=self.count, ports=tuple(ports[:http_count]),
+                grpc_port=grpc_port,
                 registry_path=self._private / "registry.sock", started=self._barrier,
                 role=role, engine=place,
             )

@@ -85,6 +85,7 @@ ALIASES: Final[dict[str, tuple[str, ...]]] = {
     "ServerConfig.sendTimeout": ("server.send_timeout_s",),
     "ServerConfig.keepAliveTimeout": ("server.keep_alive_timeout_s",),
     "ServerConfig.workers": ("server.workers",),
+    "ServerConfig.drainDelay": ("server.drain_delay",),
     "ModelConfig.modelName": ("model.name",),
     "ModelConfig.modelWeightPath": ("model.weight_path",),
     "ModelConfig.dtype": ("model.dtype",),

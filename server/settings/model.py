@@ -64,6 +64,9 @@ class ServerSettings(_Section):
     keep_alive_timeout_s: float = Field(5.0, gt=0)
     # front-end processes over one engine core (vLLM's --api-server-count): README, Scaling
     workers: int = Field(1, ge=1, le=64)
+    # seconds a stopping server keeps serving new requests while readiness already fails (the
+    # lame-duck period, before LimitsConfig.drainTimeout): docs/operations.md, Graceful stop
+    drain_delay: float = Field(5.0, ge=0, le=3600)
 
     @property
     def max_request_bytes(self) -> int:

@@ -34,7 +34,7 @@ from tests.serverproc import DEMO, RunningServer, running_server
 
 PINNED = {"VLLM_CPU_OMP_THREADS_BIND": "1"}
 WORKERS = {
-    "ServerConfig": {"workers": 2},
+    "ServerConfig": {"workers": 2, "drainDelay": 5},  # the default lame-duck period on stop
     "ModelConfig": {"maxNumSeqs": 64},  # the drain test's 64 requests all run at once
     "LimitsConfig": {"maxConcurrentRequests": 128, "maxQueue": 128, "drainTimeout": 120},
 }
@@ -183,7 +183,9 @@ async def test_a_drain_with_64_requests_in_flight_across_workers_loses_none(
     server: RunningServer,
 ) -> None:
     """The module's last test: SIGTERM to the supervisor with 64 mixed-protocol requests in
-    flight on both workers; every one completes, the server exits 0."""
+    flight on both workers; during the lame-duck period (drainDelay, its default) readiness
+    fails and new requests are served by both workers; every one completes, the server exits
+    0."""
     limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
     async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S, limits=limits) as data:
         first, first_tasks = launch(data, DRAIN_TOKENS)
@@ -192,14 +194,34 @@ async def test_a_drain_with_64_requests_in_flight_across_workers_loses_none(
         await asyncio.wait_for(asyncio.gather(*(o.started.wait() for o in outcomes)), WAIT_S)
         await _until_inflight(server, 64)
         server.process.send_signal(signal.SIGTERM)
+        lame_duck = await _served_in_the_lame_duck_period(server)
         await asyncio.wait_for(asyncio.gather(*first_tasks, *second_tasks), WAIT_S)
     exit_code = await asyncio.to_thread(server.process.wait, WAIT_S)
     log = server.log()
+    assert lame_duck == ({200}, 2)
+    assert log.count("lame duck for 5.0s") == 2
     assert len(outcomes) == 64
     assert [p for p in (complete(o, DRAIN_TOKENS) for o in outcomes) if p] == []
     assert exit_code == 0, log[-3000:]
     assert "worker-0 [-] SIGTERM: draining" in log and "worker-1 [-] SIGTERM: draining" in log
     assert "aborted" not in log
+
+
+async def _served_in_the_lame_duck_period(server: RunningServer) -> tuple[set[int], int]:
+    """Once readiness fails (eight times in a row, on fresh connections: both workers), 16 new
+    completions at once, each on its own connection: their statuses, how many workers answered
+    them."""
+    limits = httpx.Limits(max_keepalive_connections=0)
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0}
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S, limits=limits) as http:
+        deadline, failing = time.monotonic() + WAIT_S, 0
+        while failing < 8 and time.monotonic() < deadline:
+            failing = failing + 1 if (await http.get("/health")).status_code == 503 else 0
+        answers = await asyncio.gather(
+            *(http.post("/v1/completions", json=body) for _ in range(16))
+        )
+    workers = {a.json()["id"][:21] for a in answers if a.status_code == 200}
+    return {a.status_code for a in answers}, len(workers)
 
 
 async def _until_inflight(server: RunningServer, count: int) -> None:

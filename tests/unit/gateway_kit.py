@@ -37,6 +37,7 @@ def make_gateway(
         "ModelConfig": {"modelName": "tiny", "modelWeightPath": str(model)},
         "LoraConfig": {"adapterDir": None},
         "LimitsConfig": {"maxConcurrentRequests": 4, "maxQueue": 2, "drainTimeout": 5},
+        "ServerConfig": {"drainDelay": 0},  # tests of the lame-duck period set their own
     }
     settings = settings_from_config(merge(config, overrides or {}), base_dir=ROOT)
     engine = FakeEngine(script, model_name="tiny", model_path=str(model) if model_path else None)

@@ -12,7 +12,7 @@ from server.core.lifecycle import Lifecycle, Role, State
 from server.core.types import Delta, GenerationRequest, Sampling, TextPrompt
 from server.engines.fake import FakeScript
 from server.runtime.process import drain, watch_engine
-from tests.unit.gateway_kit import make_gateway
+from tests.unit.gateway_kit import client, make_gateway
 
 pytestmark = pytest.mark.anyio
 
@@ -136,3 +136,47 @@ async def test_engine_watchdog_marks_a_dead_engine_failed(tmp_path: Path) -> Non
     assert "dead" in (gateway.lifecycle.failure or "")
     with pytest.raises(ServiceUnavailable):
         await gateway.service.generate(request())
+
+
+LAME_DUCK = {"ServerConfig": {"drainDelay": 0.3}}
+READINESS = ("/v2/health/ready", "/health", "/v2/models/tiny/ready")
+
+
+async def test_the_lame_duck_period_fails_readiness_at_once_and_serves_new_requests() -> None:
+    gateway = make_gateway(FakeScript(), overrides=LAME_DUCK)
+    gateway.shutdown.request()
+    async with client(gateway) as http:
+        for path in READINESS:
+            assert (await http.get(path)).status_code == 503, path
+    assert gateway.lifecycle.state is State.DRAINING
+    draining = asyncio.create_task(drain(gateway))
+    served = await gateway.service.generate(request("during the delay", tokens=4))
+    assert served.usage.completion_tokens == 4
+    assert not draining.done()
+    await draining
+    with pytest.raises(ServiceUnavailable):  # after the delay: the drain proper
+        await gateway.service.generate(request("after"))
+
+
+async def test_a_forced_stop_ends_the_lame_duck_period_at_once() -> None:
+    gateway = make_gateway(FakeScript(), overrides={"ServerConfig": {"drainDelay": 600}})
+    gateway.shutdown.request()
+    draining = asyncio.create_task(drain(gateway))
+    await gateway.service.generate(request("served"))
+    gateway.shutdown.request(force=True)
+    with pytest.raises(ServiceUnavailable):
+        await gateway.service.generate(request("refused"))
+    await asyncio.wait_for(draining, 5)
+    assert gateway.shutdown.drained.is_set()
+
+
+def test_only_a_ready_server_has_a_lame_duck_period() -> None:
+    starting = Lifecycle()
+    starting.begin_drain(lame_duck=True)
+    assert not starting.admitting and not starting.lame_duck
+    ready = Lifecycle()
+    ready.ready()
+    ready.begin_drain(lame_duck=True)
+    assert ready.admitting and not ready.accepting
+    ready.end_lame_duck()
+    assert not ready.admitting

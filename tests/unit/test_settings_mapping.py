@@ -36,6 +36,7 @@ DEFAULTS: dict[str, Any] = {
         "maxRequestLength": 40, "maxHeaderBytes": 65536, "maxHeaderCount": 100,
         "requestReceiveTimeout": 30.0, "sendTimeout": 60.0, "keepAliveTimeout": 5.0,
         "workers": 1,
+        "drainDelay": 5.0,
     },
     "ModelConfig": {
         "modelName": "tiny", "modelWeightPath": "build/demo/model", "dtype": "float32",
