@@ -45,6 +45,7 @@ class Workload:
     warmup: int = 0
     seed: int = 0
     prompt_len: int | None = None  # the target length the prompts were built for (tokens)
+    extra_body: tuple[tuple[str, Any], ...] = ()  # more OpenAI body fields (merged_adapters)
 
     def settings(self) -> dict[str, Any]:
         out = asdict(self)
@@ -61,6 +62,7 @@ class Workload:
             model=self.models[index % len(self.models)],
             base=self.base,
             ignore_eos=self.ignore_eos,
+            extra=self.extra_body,
         )
 
 

@@ -37,6 +37,7 @@ class Ask:
     model: str  # served base name or an adapter name
     base: str  # served base name (adapter selectors need to know "base")
     ignore_eos: bool = True
+    extra: tuple[tuple[str, Any], ...] = ()  # more body fields (OpenAI routes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +120,7 @@ def _openai_common(ask: Ask) -> dict[str, Any]:
         body["ignore_eos"] = True
     if ask.stream:
         body["stream_options"] = {"include_usage": True}
+    body.update(ask.extra)
     return body
 
 

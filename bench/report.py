@@ -2048,6 +2048,9 @@ def c_on_demand_text(results: Results) -> str:
         ("s3-cached", "the same adapters after they were unregistered: a listing, the disk "
                       "cache, checked, loaded (no download)"),
         ("s3-resident", "one S3 adapter again and again, loaded in the engine"),
+        ("merged-first-request", "a new `merged_adapters` composition of a1 and a2 (rank 16): "
+                                 "composed, checked, registered, loaded"),
+        ("merged-second-request", "the same composition's second request (cached)"),
     ):
         chosen = results.select("C", label=label)
         if not chosen:

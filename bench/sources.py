@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import boto3
@@ -72,7 +73,8 @@ def source_windows(
     with moto_server(run.logs / "C-moto.log") as url:
         upload(url, copies, folder)
         overrides = {"LoraConfig": {"adapterSources": [f"s3://{BUCKET}/adapters/"],
-                                    "adapterCacheDir": str(cache), "adapterDir": None}}
+                                    "adapterCacheDir": str(cache), "maxLoraRank": 16,
+                                    "mergedAdapterDir": str(cache / "merged")}}
         env = {**engine.env(), **S3_ENV, "AWS_ENDPOINT_URL_S3": url}
         server = start_gateway("C-sources", run.logs, engine_settings=engine,
                                overrides=overrides, env=env)
@@ -83,9 +85,21 @@ def source_windows(
             run.window("C", "gateway", server, single(prompts, names), "s3-cached")
             run.window("C", "gateway", server, single(prompts, names[-1:] * (count + 4)),
                        "s3-resident")
+            composed_windows(run, server, prompts, count)
             run.session(server, "C", "gateway-sources")
         finally:
             server.stop()
+
+
+def composed_windows(run: Run, server: Server, prompts: tuple[str, ...], count: int) -> None:
+    """`count` compositions of the demo adapters a1 and a2 (rank 8 each), each with its own
+    weights: its first request (composed, checked, registered, loaded), then its second."""
+    for index in range(count):
+        merged = {"ids": ["a1", "a2"], "weights": [0.5 + index / 1000, 0.5],
+                  "merge_strategy": "linear"}
+        workload = replace(single(prompts, ("tiny",)), extra_body=(("merged_adapters", merged),))
+        run.window("C", "gateway", server, workload, "merged-first-request", rep=index)
+        run.window("C", "gateway", server, workload, "merged-second-request", rep=index)
 
 
 def unregister(server: Server, names: tuple[str, ...]) -> None:
