@@ -16,7 +16,6 @@ model's value instead of TGI's neutral one; a greedy request keeps temperature 0
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -26,6 +25,7 @@ from jsonschema import Draft202012Validator, SchemaError
 
 from protocols.tgi.schema import GenerateRequest, Parameters
 from server.core.errors import InvalidRequest, Unsupported
+from server.core.json_limits import strict_loads
 from server.core.sampling import omitted_fields, with_model_defaults
 from server.core.service import PromptFit
 from server.core.types import (
@@ -279,7 +279,7 @@ def _grammar_json(value: Any) -> Any:
         return value
     if isinstance(value, str):
         try:
-            return json.loads(value)
+            return strict_loads(value)
         except ValueError as exc:
             raise invalid(f"grammar is not valid: {exc}", "grammar") from None
     raise invalid("grammar is not supported", "grammar")
