@@ -62,6 +62,8 @@ class SamplingFields(_Wire):
     return_token_ids: bool | None = False
     use_beam_search: bool = False
     prompt_logprobs: int | None = None
+    # Dropped by vLLM 0.32 (V1 has no best-of sampling): bounded, and refused beyond `n`
+    best_of: int | None = None
 
     @field_validator("n", mode="before")
     @classmethod

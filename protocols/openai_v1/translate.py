@@ -453,7 +453,31 @@ def _check_common(body: schema.SamplingFields, bounds: RequestBounds) -> None:
         raise InvalidRequest(f"n must be at most {bounds.max_n}, got {body.n}.", param="n")
     if body.use_beam_search:
         raise Unsupported("Beam search is not supported by this server.", param="use_beam_search")
+    _check_best_of(body, bounds)
     prompt_logprobs(body, bounds)
+
+
+def _check_best_of(body: schema.SamplingFields, bounds: RequestBounds) -> None:
+    """vLLM 0.32 ignores `best_of` (its V1 engine has no best-of sampling): `best_of == n`
+    asks for nothing more and is served; beyond `n` it is refused rather than dropped."""
+    best_of, n = body.best_of, body.n
+    if best_of is None:
+        return
+    if not 1 <= best_of <= bounds.max_best_of:
+        raise InvalidRequest(
+            f"best_of must be between 1 and {bounds.max_best_of}, got {best_of}.", param="best_of"
+        )
+    if best_of < n:
+        raise InvalidRequest(
+            f"best_of must be greater than or equal to n, got n={n} and best_of={best_of}.",
+            param="best_of",
+        )
+    if best_of > n:
+        raise Unsupported(
+            "best_of > n is not supported by this server (vLLM 0.32 has no best-of sampling); "
+            "ask for n choices instead.",
+            param="best_of",
+        )
 
 
 def prompt_logprobs(body: schema.SamplingFields, bounds: RequestBounds) -> int | None:
