@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from protocols.openai_v1 import schema, tools
+from protocols.common.unserved import refuse_unserved
+from protocols.openai_v1 import schema, tools, unserved
 from protocols.openai_v1.errors import status_and_type
 from protocols.openai_v1.tools import ChoiceReader, Function, Mode, ToolPlan
 from protocols.openai_v1.translate import (
@@ -194,6 +195,7 @@ def responses_call(
 
 
 def _check_unsupported(body: schema.ResponsesRequest) -> None:
+    refuse_unserved(body.model_extra or {}, unserved.RESPONSES)
     if body.prompt is not None:
         raise InvalidRequest("prompt template is not supported", param="prompt")
     if body.background:

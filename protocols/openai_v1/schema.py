@@ -114,6 +114,7 @@ class ToolParam(_Wire):
 
 
 class ChatCompletionRequest(SamplingFields):
+    model_config = ConfigDict(extra="allow")  # vLLM fields not served: unserved.py
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -132,6 +133,7 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
+    model_config = ConfigDict(extra="allow")  # vLLM fields not served: unserved.py
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]] | None = None
     max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = None
@@ -211,6 +213,7 @@ class ResponseReasoning(_Wire):
 
 class ResponsesRequest(_Wire):
     """vLLM's `ResponsesRequest` (the OpenAI Responses API), the fields served here."""
+    model_config = ConfigDict(extra="allow")  # vLLM fields not served: unserved.py
 
     input: str | list[dict[str, Any]]
     model: str | None = None

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
-from protocols.openai_v1 import schema, tools
+from protocols.common.unserved import refuse_unserved
+from protocols.openai_v1 import schema, tools, unserved
 from protocols.openai_v1.tools import ChoiceReader, ToolPlan
 from server.core.engine import OutputParser
 from server.core.errors import InvalidRequest, Unsupported
@@ -97,6 +98,7 @@ def chat_request(
     else the remaining context). `plan` is the request's validated tools (`tools.chat_plan`);
     `parse`: the answer goes through the engine's output parsers (reasoning, auto tools)."""
     _check_common(body, bounds)
+    refuse_unserved(body.model_extra or {}, unserved.CHAT)
     plan = plan or tools.chat_plan(body, tool_call_parser=None)
     if body.continue_final_message and body.add_generation_prompt:
         raise InvalidRequest(
@@ -139,6 +141,7 @@ def completion_requests(
 ) -> list[GenerationRequest]:
     """One completion body → one `GenerationRequest` per prompt (default max tokens 16)."""
     _check_common(body, bounds)
+    refuse_unserved(body.model_extra or {}, unserved.COMPLETION)
     if body.suffix is not None:
         raise Unsupported("suffix is not supported by this model.", param="suffix")
     if body.prompt_embeds is not None:
@@ -316,6 +319,7 @@ def to_sampling(
         ignore_eos=body.ignore_eos,
         include_stop_str_in_output=body.include_stop_str_in_output,
         skip_special_tokens=body.skip_special_tokens,
+        spaces_between_special_tokens=body.spaces_between_special_tokens,
         logit_bias=logit_bias(body.logit_bias),
         allowed_token_ids=None if body.allowed_token_ids is None else tuple(body.allowed_token_ids),
         bad_words=tuple(body.bad_words),

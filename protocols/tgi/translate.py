@@ -6,8 +6,8 @@ Validation follows TGI's router (`validation.rs`): same order, same bounds, same
 client sees what TGI would say; `grammar` gets the router's checks too (draft 2020-12
 meta-validation, `properties` required). Two deliberate differences: an unknown `adapter_id` is an
 error (TGI silently uses the base model, issue #2505), and `watermark` is refused (422) since the
-engine cannot honour it. `typical_p` is validated and then ignored: vLLM has no typical sampling,
-and refusing it would break clients that always send it.
+engine cannot honour it. `typical_p` is validated and then refused the same way: vLLM has no
+typical sampling, and a knob is applied or refused, never dropped (issue 19).
 
 Model defaults (the model's `generation_config.json`): a field the request leaves out takes the
 model's value instead of TGI's neutral one; a greedy request keeps temperature 0, and an omitted
@@ -198,6 +198,11 @@ def _check_knobs(p: Parameters) -> None:
         raise invalid("`top_p` must be > 0.0 and < 1.0", "top_p")
     if p.typical_p is not None and not 0.0 < p.typical_p < 1.0:
         raise invalid("`typical_p` must be > 0.0 and < 1.0", "typical_p")
+    if p.typical_p is not None:  # every valid value asks for typical sampling
+        raise Unsupported(
+            "`typical_p` is not supported by this server (vLLM has no typical sampling)",
+            param="parameters.typical_p",
+        )
     if p.top_k is not None and p.top_k <= 0:
         raise invalid("`top_k` must be strictly positive", "top_k")
     if p.max_new_tokens == 0:

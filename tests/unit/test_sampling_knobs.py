@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from server.engines.fake import FakeEngine
 from tests.unit.gateway_kit import client, make_gateway
 
 pytestmark = pytest.mark.anyio
@@ -56,3 +57,86 @@ async def test_best_of_that_asks_for_nothing_beyond_n_is_served(
     response = await http.post("/v1/completions", json={**COMPLETION, **fields})
     assert response.status_code == 200, response.text
     assert len(response.json()["choices"]) == choices
+
+
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/v1/completions", {**COMPLETION, "watermarking": True}, "watermarking"),
+        ("/v1/completions", {**COMPLETION, "length_penalty": 0.5}, "length_penalty"),
+        ("/v1/completions", {**COMPLETION, "truncation_side": "right"}, "truncation_side"),
+        ("/v1/completions", {**COMPLETION, "vllm_xargs": {"a": 1}}, "vllm_xargs"),
+        ("/v1/chat/completions", {**CHAT, "documents": [{"text": "x"}]}, "documents"),
+        ("/v1/chat/completions", {**CHAT, "cache_salt": "tenant"}, "cache_salt"),
+        ("/v1/responses", {"model": "tiny", "input": "hi", "ignore_eos": True}, "ignore_eos"),
+    ],
+)
+async def test_openai_fields_the_engine_cannot_honour_are_refused(
+    http: httpx.AsyncClient, path: str, body: dict[str, Any], param: str
+) -> None:
+    response = await http.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["message"] == f"`{param}` is not supported by this server."
+    assert error["param"] == param
+
+
+@pytest.mark.parametrize("fields", [
+    {"watermarking": False, "length_penalty": 1, "truncation_side": "left", "cache_salt": None,
+     "session_id": "s", "return_token_offsets": False, "mm_payload": "tensors"},
+])
+async def test_openai_fields_at_vllms_default_are_served(
+    http: httpx.AsyncClient, fields: dict[str, Any]
+) -> None:
+    response = await http.post("/v1/completions", json={**COMPLETION, **fields})
+    assert response.status_code == 200, response.text
+
+
+LMI = {"inputs": "hi", "parameters": {"max_new_tokens": 3}}
+
+
+@pytest.mark.parametrize("name,value", [("num_beams", 2), ("use_beam_search", True),
+                                        ("length_penalty", 2.0), ("early_stopping", True),
+                                        ("logprobs", 1), ("prompt_logprobs", 1)])
+async def test_lmi_parameters_the_engine_cannot_honour_are_refused(
+    http: httpx.AsyncClient, name: str, value: object
+) -> None:
+    body = {**LMI, "parameters": {"max_new_tokens": 3, name: value}}
+    response = await http.post("/invocations", json=body)
+    assert 400 <= response.status_code < 500, response.text
+    assert f"`parameters.{name}` is not supported by this server." in response.text
+
+
+async def test_lmi_parameters_at_their_default_and_applied_ones_are_served() -> None:
+    gateway = make_gateway()
+    assert isinstance(gateway.engine, FakeEngine)
+    parameters = {"max_new_tokens": 3, "num_beams": 1, "length_penalty": 1.0, "logprobs": None,
+                  "include_stop_str_in_output": True, "spaces_between_special_tokens": False}
+    async with client(gateway, "data") as http:
+        response = await http.post("/invocations", json={**LMI, "parameters": parameters})
+    assert response.status_code == 200, response.text
+    sampling = gateway.engine.requests[-1].sampling
+    assert sampling.include_stop_str_in_output is True
+    assert sampling.spaces_between_special_tokens is False
+
+
+async def test_openai_spaces_between_special_tokens_reaches_the_engine() -> None:
+    gateway = make_gateway()
+    assert isinstance(gateway.engine, FakeEngine)
+    async with client(gateway, "data") as http:
+        body = {**COMPLETION, "spaces_between_special_tokens": False}
+        response = await http.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert gateway.engine.requests[-1].sampling.spaces_between_special_tokens is False
+
+
+async def test_typical_sampling_is_refused_where_it_was_dropped(http: httpx.AsyncClient) -> None:
+    tgi = await http.post("/generate", json={"inputs": "hi", "parameters": {"typical_p": 0.95}})
+    assert tgi.status_code == 422, tgi.text
+    assert "`typical_p` is not supported" in tgi.json()["error"]
+    mindie = await http.post("/infer", json={"inputs": "hi", "parameters": {"typical_p": 0.5}})
+    assert 400 <= mindie.status_code < 500, mindie.text
+    assert "typical_p" in mindie.text
+    neutral = await http.post("/infer", json={"inputs": "hi", "parameters": {"typical_p": 1.0,
+                                                                              "max_new_tokens": 3}})
+    assert neutral.status_code == 200, neutral.text
