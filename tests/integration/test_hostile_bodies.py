@@ -144,3 +144,38 @@ def test_best_of_is_applied_or_refused_never_dropped(
         assert response.json()["error"]["param"] == "best_of"
     else:
         assert len(response.json()["choices"]) == fields["n"]
+
+
+def test_knobs_the_engine_cannot_honour_are_refused_in_each_protocol(http: httpx.Client) -> None:
+    refused = [
+        ("/generate", {"inputs": "hi", "parameters": {"typical_p": 0.95}}, 422, "typical_p"),
+        ("/infer", {"inputs": "hi", "parameters": {"typical_p": 0.5}}, None, "typical_p"),
+        ("/invocations", {"inputs": "hi", "parameters": {"num_beams": 2}}, 424, "num_beams"),
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "watermarking": True}, 400,
+         "watermarking"),
+        ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+                                  "cache_salt": "tenant-a"}, 400, "cache_salt"),
+    ]
+    for path, body, status, name in refused:
+        response = http.post(path, json=body)
+        assert 400 <= response.status_code < 500, (path, response.text)
+        assert status is None or response.status_code == status, (path, response.text)
+        assert name in response.text and "not supported" in response.text, (path, response.text)
+    assert_engine_alive(http)
+
+
+def test_include_stop_str_in_output_is_applied_on_djl(http: httpx.Client) -> None:
+    """Dropped before: LMI's `include_stop_str_in_output` now reaches the engine."""
+    parameters = {"max_new_tokens": 12, "ignore_eos": True}
+    plain = http.post("/invocations", json={"inputs": "The quick brown fox",
+                                            "parameters": parameters})
+    assert plain.status_code == 200, plain.text
+    text = plain.json()["generated_text"]
+    words = text.split()
+    stop = max(words[len(words) // 2:], key=len)  # a long word: no earlier accidental match
+    for include in (False, True):
+        body = {"inputs": "The quick brown fox",
+                "parameters": {**parameters, "stop": [stop], "include_stop_str_in_output": include}}
+        answer = http.post("/invocations", json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["generated_text"].endswith(stop) == include, (stop, answer.text)

@@ -6,19 +6,26 @@ sample: tests/integration/test_hostile_bodies.py."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import Iterator
+from typing import Any
 
+import grpc
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tritonclient.grpc import service_pb2
 
+from protocols.kserve_v2.sampling import KNOBS
 from server.core.json_limits import MAX_JSON_DEPTH, MAX_SCHEMA_DEPTH
 from server.engines.fake import FakeEngine
 from server.http import jsonio
 from tests.unit.gateway_kit import client, make_gateway
 from tests.unit.hostile import (
     CHAT,
+    HOSTILE,
     ROUTES,
     TARGETS,
     cases,
@@ -27,10 +34,12 @@ from tests.unit.hostile import (
     schema_cases,
     spliced,
 )
+from tests.unit.test_kserve_grpc import Aborted, Context, raw_bytes, servicer
 
 EXAMPLES = int(os.environ.get("HOSTILE_EXAMPLES", "500"))  # ~15 s; 1,500 pass too
 JSON_HEADERS = {"content-type": "application/json"}
 TIMEOUT_S = 20  # a hang fails the case
+GRPC_EXAMPLES = 300
 
 
 class Gateway:
@@ -42,6 +51,7 @@ class Gateway:
         assert isinstance(gateway.engine, FakeEngine)
         self.engine = gateway.engine
         self.http = client(gateway, "data")
+        self.triton = servicer(gateway)
 
     def post(self, path: str, body: bytes) -> httpx.Response:
         request = self.http.post(path, content=body, headers=JSON_HEADERS)
@@ -114,3 +124,42 @@ def test_the_schema_limit_is_vllms_to_the_level(
     body = {**CHAT, "response_format": {"type": "json_schema", "json_schema": schema}}
     response = gateway.post("/v1/chat/completions", jsonio.dumps(body))
     assert (response.status_code == 400) == refused, response.text[:300]
+
+
+# ---- Triton's gRPC service: hostile parameters, sampling JSON and prompt bytes ---------------
+HOSTILE_TEXT = [raw for raw in HOSTILE if raw.isascii()]  # protobuf strings are UTF-8
+GRPC_VALUES = st.one_of(
+    st.builds(lambda v: service_pb2.InferParameter(double_param=v),
+              st.sampled_from([math.nan, math.inf, -math.inf, 1e308, -0.0, 5e-324])),
+    st.builds(lambda v: service_pb2.InferParameter(int64_param=v),
+              st.sampled_from([-(2**63), 2**63 - 1, 0, -1])),
+    st.builds(lambda v: service_pb2.InferParameter(uint64_param=v),
+              st.sampled_from([2**64 - 1, 2**63])),
+    st.builds(lambda i: service_pb2.InferParameter(string_param=HOSTILE_TEXT[i]),
+              st.integers(0, len(HOSTILE_TEXT) - 1)),
+    st.builds(lambda v: service_pb2.InferParameter(bool_param=v), st.booleans()),
+)
+PROMPTS = [b"hi", b"\xed\xa0\x80", b"\xff\xfe", b"", b"word " * 20_000]
+
+
+@settings(max_examples=GRPC_EXAMPLES, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(
+    knob=st.sampled_from(sorted(KNOBS)), value=GRPC_VALUES,
+    sampling=st.integers(0, len(HOSTILE) - 1), prompt=st.sampled_from(PROMPTS),
+)
+def test_hostile_grpc_requests_get_a_client_status(
+    gateway: Gateway, knob: str, value: Any, sampling: int, prompt: bytes
+) -> None:
+    request = service_pb2.ModelInferRequest(model_name="tiny")
+    request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    request.inputs.add(name="sampling_parameters", datatype="BYTES", shape=[1])
+    sampling_json = '{"max_tokens":3,"' + knob + '":' + HOSTILE[sampling] + "}"
+    request.raw_input_contents.extend(
+        [raw_bytes(prompt), raw_bytes(sampling_json.encode(errors="surrogatepass"))]
+    )
+    request.parameters[knob].CopyFrom(value)
+    try:
+        gateway.loop.run_until_complete(gateway.triton.ModelInfer(request, Context()))
+    except Aborted as exc:
+        assert exc.code not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN), exc.details
