@@ -10,13 +10,13 @@ messages are the router's.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from jsonschema import Draft202012Validator, SchemaError
 
 from server.core.errors import InvalidRequest
+from server.core.json_limits import strict_loads
 from server.core.types import StructuredOutput
 from server.http import jsonio
 
@@ -44,7 +44,7 @@ def _json_value(value: Any, param: str) -> Any:
         return value
     if isinstance(value, str):
         try:
-            return json.loads(value)
+            return strict_loads(value)
         except ValueError as exc:
             raise InvalidRequest(f"grammar is not valid: {exc}", param=param) from None
     raise InvalidRequest("grammar is not supported", param=param)

@@ -53,6 +53,15 @@ class LmiParameters(BaseModel):
     structured_outputs: dict[str, Any] | None = None  # vLLM's StructuredOutputsParams
     response_format: dict[str, Any] | None = None  # OpenAI's json_object / json_schema
     json_schema: dict[str, Any] | StrictStr | None = None  # gateway alias: structured_outputs.json
+    include_stop_str_in_output: StrictBool | None = None
+    spaces_between_special_tokens: StrictBool | None = None
+    # LMI's vLLM parameters the engine port does not carry: refused unless at LMI's default
+    num_beams: Any = None
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    early_stopping: Any = None
+    logprobs: Any = None
+    prompt_logprobs: Any = None
 
 
 class LmiRequest(BaseModel):

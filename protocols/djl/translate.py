@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocols.common.unserved import Neutral, refuse_unserved
 from protocols.djl.schema import AdapterForm, LmiParameters, LmiRequest
 from server.core.adapters import AdapterRecord, Failure
 from server.core.errors import InvalidRequest, Unsupported
@@ -242,12 +243,20 @@ def _counts(p: LmiParameters, bounds: RequestBounds) -> tuple[int, int | None, i
     return n, p.best_of, max_new
 
 
+# LMI's vLLM parameters (lmi_input_output_schema.md) the engine port does not carry
+LMI_UNSERVED: Neutral = {
+    "num_beams": (None, 1), "use_beam_search": (None, False), "length_penalty": (None, 1.0),
+    "early_stopping": (None, False), "logprobs": (None,), "prompt_logprobs": (None,),
+}
+
+
 def to_sampling(
     p: LmiParameters, bounds: RequestBounds, defaults: SamplingDefaults = NO_DEFAULTS
 ) -> Sampling:
     """LMI's vLLM mapping: greedy unless `do_sample` is true or a temperature is given without
     `do_sample`; what the request leaves out takes the model's `defaults`, else LMI's own
     (`max_new_tokens` 30)."""
+    refuse_unserved(p.model_dump(exclude_unset=True), LMI_UNSERVED, prefix="parameters.")
     n, best_of, max_new = _counts(p, bounds)
     greedy = p.do_sample is False or (p.do_sample is None and p.temperature is None)
     sampling = Sampling(
@@ -267,6 +276,8 @@ def to_sampling(
         stop_token_ids=tuple(p.stop_token_ids or ()),
         ignore_eos=bool(p.ignore_eos_token or p.ignore_eos),
         skip_special_tokens=p.skip_special_tokens is not False,
+        include_stop_str_in_output=bool(p.include_stop_str_in_output),
+        spaces_between_special_tokens=p.spaces_between_special_tokens is not False,
         structured=to_structured(p),
     )
     return with_model_defaults(sampling, defaults, omitted_fields(p, DEFAULTED), greedy=greedy)

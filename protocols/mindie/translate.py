@@ -2,9 +2,10 @@
 `/v1/tokenizer` bodies → `GenerationRequest`; results and events → MindIE's JSON shapes.
 
 Bounds and messages follow MindIE's `infer_param.cpp` and `single_req_*_infer_interface.cpp`.
-Accepted but without effect here: `typical_p` (vLLM has no typical sampling) and `priority`
-(validated 1-5; vLLM's default FCFS scheduler refuses per-request priorities). `watermark: true` is
-refused. `seed` is reported only when the client gave one (MindIE draws and reports a random one).
+Accepted but without effect here: `priority` (validated 1-5; a scheduling hint, and vLLM's
+default FCFS scheduler refuses per-request priorities). `watermark: true` and `typical_p` below
+1.0 are refused (vLLM has neither). `seed` is reported only when the client gave one (MindIE
+draws and reports a random one).
 
 Model defaults (the model's `generation_config.json`): a sampling field or output limit the request
 leaves out takes the model's value instead of MindIE's; a greedy `/infer` request (MindIE's
@@ -157,6 +158,10 @@ def _check_infer_parameters(p: InferParameters) -> None:
     _check_sampling(p.temperature, p.top_k, p.top_p, p.repetition_penalty)
     if p.typical_p is not None and not 0.0 < p.typical_p <= 1.0:
         raise invalid(f"Parameter typical_p must be in (0.0,1.0], got {p.typical_p}.", "typical_p")
+    if p.typical_p is not None and p.typical_p < 1.0:
+        raise Unsupported(
+            "Parameter typical_p below 1.0 is not supported by this server", param="typical_p"
+        )
     if p.seed is not None and p.seed > MAX_INT64:
         raise invalid(f"Parameter seed must be in [0, {MAX_INT64}], got {p.seed}.", "seed")
     if p.priority is not None and not 1 <= p.priority <= MAX_PRIORITY:

@@ -23,7 +23,8 @@ from typing import Any
 from protocols.common.bounds import stop_strings
 from protocols.common.chat import response_model, template_kwargs, with_effort
 from protocols.common.tools import ChoiceReader, Function, Mode, ToolPlan, check_parameters
-from protocols.openai_v1 import schema
+from protocols.common.unserved import refuse_unserved
+from protocols.openai_v1 import schema, unserved
 from protocols.openai_v1.errors import ResponseNotFound, status_and_type
 from protocols.openai_v1.translate import TEXT_PART_TYPES, vllm_structured
 from server.core.engine import OutputParser
@@ -180,6 +181,7 @@ def responses_call(
 
 
 def _check_unsupported(body: schema.ResponsesRequest) -> None:
+    refuse_unserved(body.model_extra or {}, unserved.RESPONSES)
     if body.prompt is not None:
         raise InvalidRequest("prompt template is not supported", param="prompt")
     if body.background:

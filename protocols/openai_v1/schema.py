@@ -65,6 +65,8 @@ class SamplingFields(_Wire):
     # LoRAX's per-request composition (model = the base model); checked by
     # server.core.composition.merge_from_wire
     merged_adapters: Any = None
+    # Dropped by vLLM 0.32 (V1 has no best-of sampling): bounded, and refused beyond `n`
+    best_of: int | None = None
 
     @field_validator("n", mode="before")
     @classmethod
@@ -115,6 +117,7 @@ class ToolParam(_Wire):
 
 
 class ChatCompletionRequest(SamplingFields):
+    model_config = ConfigDict(extra="allow")  # vLLM fields not served: unserved.py
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -133,6 +136,7 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
+    model_config = ConfigDict(extra="allow")  # vLLM fields not served: unserved.py
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]] | None = None
     max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = None
@@ -212,6 +216,7 @@ class ResponseReasoning(_Wire):
 
 class ResponsesRequest(_Wire):
     """vLLM's `ResponsesRequest` (the OpenAI Responses API), the fields served here."""
+    model_config = ConfigDict(extra="allow")  # vLLM fields not served: unserved.py
 
     input: str | list[dict[str, Any]]
     model: str | None = None

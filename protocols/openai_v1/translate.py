@@ -18,7 +18,8 @@ from protocols.common import grammar
 from protocols.common.bounds import bounded_max_tokens, stop_strings
 from protocols.common.chat import template_kwargs, with_effort
 from protocols.common.tools import ChoiceReader, ToolPlan, finish_reason
-from protocols.openai_v1 import schema, tools
+from protocols.common.unserved import refuse_unserved
+from protocols.openai_v1 import schema, tools, unserved
 from server.core.composition import merge_from_wire
 from server.core.engine import OutputParser
 from server.core.errors import InvalidRequest, Unsupported
@@ -81,6 +82,7 @@ def chat_request(
     else the remaining context). `plan` is the request's validated tools (`tools.chat_plan`);
     `parse`: the answer goes through the engine's output parsers (reasoning, auto tools)."""
     _check_common(body, bounds)
+    refuse_unserved(body.model_extra or {}, unserved.CHAT)
     plan = plan or tools.chat_plan(body, tool_call_parser=None)
     if body.continue_final_message and body.add_generation_prompt:
         raise InvalidRequest(
@@ -124,6 +126,7 @@ def completion_requests(
 ) -> list[GenerationRequest]:
     """One completion body → one `GenerationRequest` per prompt (default max tokens 16)."""
     _check_common(body, bounds)
+    refuse_unserved(body.model_extra or {}, unserved.COMPLETION)
     if body.suffix is not None:
         raise Unsupported("suffix is not supported by this model.", param="suffix")
     if body.prompt_embeds is not None:
@@ -268,6 +271,7 @@ def to_sampling(
         ignore_eos=body.ignore_eos,
         include_stop_str_in_output=body.include_stop_str_in_output,
         skip_special_tokens=body.skip_special_tokens,
+        spaces_between_special_tokens=body.spaces_between_special_tokens,
         logit_bias=logit_bias(body.logit_bias),
         allowed_token_ids=None if body.allowed_token_ids is None else tuple(body.allowed_token_ids),
         bad_words=tuple(body.bad_words),
@@ -364,7 +368,31 @@ def _check_common(body: schema.SamplingFields, bounds: RequestBounds) -> None:
         raise InvalidRequest(f"n must be at most {bounds.max_n}, got {body.n}.", param="n")
     if body.use_beam_search:
         raise Unsupported("Beam search is not supported by this server.", param="use_beam_search")
+    _check_best_of(body, bounds)
     prompt_logprobs(body, bounds)
+
+
+def _check_best_of(body: schema.SamplingFields, bounds: RequestBounds) -> None:
+    """vLLM 0.32 ignores `best_of` (its V1 engine has no best-of sampling): `best_of == n`
+    asks for nothing more and is served; beyond `n` it is refused rather than dropped."""
+    best_of, n = body.best_of, body.n
+    if best_of is None:
+        return
+    if not 1 <= best_of <= bounds.max_best_of:
+        raise InvalidRequest(
+            f"best_of must be between 1 and {bounds.max_best_of}, got {best_of}.", param="best_of"
+        )
+    if best_of < n:
+        raise InvalidRequest(
+            f"best_of must be greater than or equal to n, got n={n} and best_of={best_of}.",
+            param="best_of",
+        )
+    if best_of > n:
+        raise Unsupported(
+            "best_of > n is not supported by this server (vLLM 0.32 has no best-of sampling); "
+            "ask for n choices instead.",
+            param="best_of",
+        )
 
 
 def prompt_logprobs(body: schema.SamplingFields, bounds: RequestBounds) -> int | None:

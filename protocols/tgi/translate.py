@@ -6,8 +6,9 @@ Validation follows TGI's router (`validation.rs`): same order, same bounds, same
 client sees what TGI would say; `grammar` gets the router's checks too (draft 2020-12
 meta-validation, `properties` required). Two deliberate differences: an unknown `adapter_id` is an
 error (TGI silently uses the base model, issue #2505), and `watermark` is refused (422) since the
-engine cannot honour it. `typical_p` is validated and then ignored: vLLM has no typical sampling,
-and refusing it would break clients that always send it.
+engine cannot honour it. `typical_p` is the one knob validated and then not applied (vLLM has no
+typical sampling): refusing it would refuse every request of LangChain's `HuggingFaceEndpoint`,
+which sends 0.95 by default (docs/protocols.md lists it).
 
 Model defaults (the model's `generation_config.json`): a field the request leaves out takes the
 model's value instead of TGI's neutral one; a greedy request keeps temperature 0, and an omitted

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from server.core.errors import InvalidRequest, Unsupported
+from server.core.json_limits import strict_loads
 from server.core.types import Sampling, SamplingDefaults, StructuredOutput
 
 # What decides how a token is drawn; a greedy request keeps them neutral whatever the model says.
@@ -123,7 +124,7 @@ def json_schema_text(value: object, where: str) -> str:
     schema = value
     if isinstance(value, str):
         try:
-            schema = json.loads(value)
+            schema = strict_loads(value)
         except ValueError as exc:
             raise InvalidRequest(f"{where} is not valid JSON: {exc}", param=where) from None
     if not isinstance(schema, dict | bool):

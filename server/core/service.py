@@ -30,6 +30,7 @@ from server.core.errors import (
     RequestNotFound,
     ServiceUnavailable,
 )
+from server.core.json_limits import check_schema_depth
 from server.core.lifecycle import Lifecycle
 from server.core.overhead import on_engine
 from server.core.peers import Peers
@@ -202,6 +203,8 @@ class InferenceService:
         waits in the queue of its first request's adapter."""
         count = len(requests)
         try:
+            for request in requests:
+                _check_structured(request)
             self._gate()
             self.lifecycle.enter(count)
             try:
@@ -325,6 +328,13 @@ class InferenceService:
         self.observer.finished(
             stream.request, error_type=stream.error_type, usage=usage, timing=stream.timing
         )
+
+
+def _check_structured(request: GenerationRequest) -> None:
+    """One schema depth rule for every protocol and every way a schema reaches the engine."""
+    structured = request.sampling.structured
+    if structured is not None and structured.json_schema is not None:
+        check_schema_depth(structured.json_schema)
 
 
 async def _settle(tasks: Sequence[asyncio.Future[EventStream]]) -> list[EventStream]:

@@ -286,7 +286,8 @@ class _Tokens:
         info: EngineInfo,
     ) -> None:
         self.choice = choice
-        self.limit = request.sampling.max_new_tokens or info.defaults.max_new_tokens or 16
+        asked = request.sampling.max_new_tokens or info.defaults.max_new_tokens or 16
+        self.limit = min(asked, info.max_model_len)  # as a real engine, never past its context
         self.logprobs = request.output.logprobs
         self._stops = request.sampling.stop
         self._words = words

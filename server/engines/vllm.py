@@ -845,6 +845,7 @@ def _sampling_kwargs(sampling: Sampling, max_tokens: int) -> dict[str, Any]:
         "min_tokens": sampling.min_new_tokens,
         "include_stop_str_in_output": sampling.include_stop_str_in_output,
         "skip_special_tokens": sampling.skip_special_tokens,
+        "spaces_between_special_tokens": sampling.spaces_between_special_tokens,
         "logit_bias": dict(sampling.logit_bias) or None,
         "allowed_token_ids": None if allowed is None else list(allowed),
         "bad_words": list(sampling.bad_words) or None,

@@ -1,10 +1,18 @@
-"""The one JSON codec of the code base (orjson)."""
+"""The one JSON codec of the code base (orjson).
+
+`loads` reads user JSON: besides orjson's own refusals (NaN/Infinity, lone surrogates, invalid
+UTF-8) it refuses nesting deeper than `MAX_JSON_DEPTH` (an InvalidRequest naming the limit), so
+everything it returns can be written back by `dumps`. orjson reads integers beyond 64 bits as
+floats, which `dumps` writes back too.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import orjson
+
+from server.core.json_limits import check_depth
 
 JSONDecodeError = orjson.JSONDecodeError
 
@@ -14,7 +22,10 @@ def dumps(value: Any) -> bytes:
 
 
 def loads(data: bytes | str) -> Any:
-    return orjson.loads(data)
+    value = orjson.loads(data)
+    if isinstance(value, dict | list):
+        check_depth(data)
+    return value
 
 
 def pretty(value: Any) -> bytes:

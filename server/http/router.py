@@ -173,7 +173,7 @@ def _by_body(default: Route, claimed: list[Route], max_body_bytes: int) -> Endpo
         request.scope[BODY_KEY] = body
         try:
             data: object = jsonio.loads(body) if body.strip() else None
-        except jsonio.JSONDecodeError:
+        except (jsonio.JSONDecodeError, GatewayError):  # the default route reports it
             data = None
         chosen = next((r for r in claimed if r.claim is not None and r.claim(data)), default)
         request.scope[OWNER_KEY] = chosen.owner

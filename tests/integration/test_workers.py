@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from server.core.json_limits import MAX_JSON_DEPTH
 from tests.integration.sources_kit import S3_ENV, MotoServer
 from tests.integration.traffic import (
     Outcome,
@@ -114,6 +115,29 @@ def test_both_workers_answer_and_turned_ready_together(server: RunningServer) ->
     assert re.search(r"worker-1 \[-\] start-up ready", log)
     assert "engine core for 2 workers" in log
     assert log.count("Initializing a V1 LLM engine") == 1  # one engine core
+
+
+@pytest.mark.engine
+def test_every_worker_refuses_too_deep_json_and_unserved_knobs(server: RunningServer) -> None:
+    """The depth rule and the knob refusals (issue 19) on each worker: requests on fresh
+    connections spread over both; every one is refused in OpenAI's shape, naming the limit."""
+    deep = "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1)
+    hostile = [
+        ('{"model":"tiny","prompt":' + deep + "}", f"at most {MAX_JSON_DEPTH} levels"),
+        ('{"model":"tiny","prompt":"hi","best_of":1000000}', "best_of must be between"),
+        ('{"model":"tiny","prompt":"hi","best_of":3,"n":2}', "best_of > n is not supported"),
+        ('{"model":"tiny","prompt":"hi","watermarking":true}', "`watermarking` is not supported"),
+    ]
+    answered: set[str] = set()
+    with fresh_connections(server) as http:
+        for i in range(12):
+            body, message = hostile[i % len(hostile)]
+            response = http.post("/v1/completions", content=body,
+                                 headers={"content-type": "application/json"})
+            assert response.status_code == 400, response.text
+            assert message in response.json()["error"]["message"]
+            answered.add(completion(http, "tiny")[0])
+    assert len(answered) == 2  # both workers took requests in between
 
 
 @pytest.mark.engine
