@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import functools
 import re
-import shutil
 import socket
 import subprocess
 import time
@@ -23,7 +22,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.wrk import _apt_install
 from tests.integration.traffic import (
     Outcome,
     Sender,
@@ -46,6 +44,7 @@ from tests.serverproc import (
     start_up_problems,
     wait_ready,
 )
+from tests.tools import debian_tool
 
 # typically 2-3 minutes: two starts, then two restarts under load, each bounded below
 pytestmark = [pytest.mark.anyio, pytest.mark.engine, pytest.mark.timeout(600)]
@@ -65,13 +64,7 @@ STEP_S = 60.0  # a drain, an exit, a health-check transition
 
 
 def haproxy() -> str:
-    found = shutil.which("haproxy")
-    if found is None:
-        installed, how = _apt_install("haproxy")
-        found = shutil.which("haproxy") if installed else None
-        if found is None:
-            pytest.skip(f"HAProxy is not available: {how}")
-    return found
+    return debian_tool("haproxy", "haproxy")
 
 
 @dataclass

@@ -136,7 +136,8 @@ def check_contract(families: Families, *, workers: int) -> None:
     assert "vllm:kv_cache_usage_perc" in families
 
 
-@pytest.mark.server
+@pytest.mark.engine
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("workers", [1, 2])
 def test_queue_depth_and_adapter_split_count_the_gateways_queue(
     tmp_path: Path, workers: int
