@@ -99,19 +99,22 @@ class Balancer:
 
 
 @contextlib.contextmanager
-def running_balancer(tmp: Path, replicas: dict[str, RunningServer]) -> Iterator[Balancer]:
-    """deploy/haproxy.cfg as shipped, with this test's ports and admin socket."""
+def running_balancer(
+    tmp: Path, replicas: dict[str, RunningServer], config: Path = CONFIG
+) -> Iterator[Balancer]:
+    """A shipped HAProxy config (deploy/haproxy.cfg by default) with this test's ports and
+    admin socket."""
     port, admin = free_port(), tmp / "admin.sock"
-    text = CONFIG.read_text()
+    text = config.read_text()
     text = text.replace("/run/haproxy/admin.sock", str(admin))
     text = text.replace("bind 127.0.0.1:8080", f"bind 127.0.0.1:{port}")
     for name, replica in replicas.items():
         text = re.sub(rf"server {name} 127\.0\.0\.1:\d+", f"server {name} 127.0.0.1:"
                       f"{replica.data_port}", text)
-    config = tmp / "haproxy.cfg"
-    config.write_text(text)
+    written = tmp / "haproxy.cfg"
+    written.write_text(text)
     with (tmp / "haproxy.log").open("wb") as log:
-        process = subprocess.Popen([haproxy(), "-db", "-f", str(config)], stdout=log,
+        process = subprocess.Popen([haproxy(), "-db", "-f", str(written)], stdout=log,
                                    stderr=subprocess.STDOUT)
     balancer = Balancer(process, port, admin)
     try:
