@@ -20,6 +20,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import httpx
@@ -40,6 +41,7 @@ ARMS = ("affinity", "round-robin")
 HASH = "balance hash var(txn.adapter)"
 LABEL = "16-adapters"
 UP_S = 60.0
+READY_S = 600.0  # one replica start, on a shared and busy machine
 
 
 def run_h(run: Run, plan: Plan) -> None:
@@ -59,10 +61,8 @@ def run_h(run: Run, plan: Plan) -> None:
         protocol="openai-completions", stream=True, max_tokens=16, prompts=prompts,
         models=names, concurrency=plan.h_concurrency, requests=plan.h_requests, prompt_len=32,
     )  # fmt: skip
-    replicas = [_replica(run, engine, core) for core in (0, 1)]
     with contextlib.ExitStack() as stack:
-        for replica in replicas:
-            stack.enter_context(session(replica, run, "H", "replica"))
+        replicas = _replicas(run, engine, stack)
         for rnd in range(plan.h_rounds):
             for position, arm in enumerate(rotated(ARMS, rnd)):
                 with balancer(run, haproxy, arm, rnd, replicas) as front:
@@ -88,11 +88,23 @@ def _window(
     print(f"    {arm}: cold loads {sum(m['cold_loads'] for m in moved):.0f}", flush=True)
 
 
+def _replicas(run: Run, engine: EngineSettings, stack: contextlib.ExitStack) -> list[Server]:
+    """Both replicas, started at once (a start takes minutes on a busy machine), each in a
+    session of `stack` once ready, so whatever started is stopped."""
+    with ThreadPoolExecutor(2) as pool:
+        starting = [pool.submit(_replica, run, engine, core) for core in (0, 1)]
+        wait(starting)
+    for future in starting:
+        if future.exception() is None:
+            stack.enter_context(session(future.result(), run, "H", "replica"))
+    return [future.result() for future in starting]
+
+
 def _replica(run: Run, engine: EngineSettings, core: int) -> Server:
     name = f"H-r{core + 1}"
     print(f"  starting {name} ...", flush=True)
     env = {**engine.env(), "VLLM_CPU_OMP_THREADS_BIND": str(core)}
-    return start_gateway(name, run.logs, engine_settings=engine, env=env)
+    return start_gateway(name, run.logs, engine_settings=engine, env=env, ready_s=READY_S)
 
 
 def _counters(replica: Server) -> dict[str, float]:

@@ -2234,7 +2234,8 @@ def _header(results: Results) -> str:
         "What the gateway costs over the engine: latency, throughput and memory next to vLLM's own "
         "OpenAI server on the same engine (A), the protocol layer's ceiling next to a bare "
         "Starlette + uvicorn endpoint (B), multi-LoRA (C), scaling (D), Triton over gRPC (G) and "
-        "front-end worker processes (W). Regenerate everything "
+        "front-end worker processes (W); adapter affinity at a real HAProxy (H) runs on request "
+        "(`python -m bench h --run RUN` adds it to a run). Regenerate everything "
         "with `make bench` (under 20 minutes on 2 cores); "
         "`python -m bench report` rebuilds this page from the latest run.\n",
         f"Run `{meta['run']}` of {meta['started']}, commit `{meta['commit'][:12]}`{tree}, "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -102,6 +103,8 @@ def wait_started(pod: Pod, probe: dict[str, Any], port: int) -> None:
 
 
 def test_the_rendered_config_serves_and_answers_the_rendered_probes(tmp_path: Path) -> None:
+    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("nsenter")):
+        pytest.skip("a network namespace of its own needs root and util-linux's unshare/nsenter")
     ensure_assets()
     config = config_json()
     deployment = one("Deployment")
