@@ -1,12 +1,13 @@
 """Scenario H: adapter affinity at the balancer. A real HAProxy (Debian's package) in front of two
 gateway replicas on the real engine, each with `maxLoras` 2 and 8 cached adapters
-(`maxCpuLoras`), serving 16 adapters in turn (copies of the demo adapter, as scenario C makes
-them): deploy/haproxy-affinity.cfg as shipped (consistent hash on the adapter, bounded load) vs
-the same file with `balance roundrobin`, one HAProxy per window, the replicas kept, the arms
-alternating which goes first each round. Each window is preceded by an untimed warm-up of the
-same mix, so it starts from the arm's own steady state; the replicas' cold loads (loads a
-request waited for, `gateway_adapter_cold_loads_total`) are counted over the timed part.
-Each replica's engine worker is pinned to its own core, as the load-balancer test does.
+(`maxCpuLoras`), serving 16 adapters requested in a random order (copies of the demo adapter,
+as scenario C makes them): deploy/haproxy-affinity.cfg as shipped (consistent hash on the
+adapter, bounded load) vs the same file with `balance roundrobin`, one HAProxy per window, the
+replicas kept, the arms alternating which goes first each round. Each window is preceded by an
+untimed warm-up of the same mix, so it starts from the arm's own steady state; the replicas'
+cold loads (loads a request waited for, `gateway_adapter_cold_loads_total`) are counted over
+the timed part. Each replica's engine worker is pinned to its own core, as the load-balancer
+test does.
 
 Not part of `python -m bench all` (its replicas and rounds would take the budget): run it with
 `python -m bench h`.
@@ -15,6 +16,7 @@ Not part of `python -m bench all` (its replicas and rounds would take the budget
 from __future__ import annotations
 
 import contextlib
+import random
 import shutil
 import socket
 import subprocess
@@ -41,6 +43,8 @@ ARMS = ("affinity", "round-robin")
 HASH = "balance hash var(txn.adapter)"
 LABEL = "16-adapters"
 UP_S = 60.0
+MIX = 1024  # the random sequence of adapters requests follow
+WARM_UP = 48  # untimed requests before each window
 READY_S = 600.0  # one replica start, on a shared and busy machine
 
 
@@ -57,9 +61,13 @@ def run_h(run: Run, plan: Plan) -> None:
         haproxy=version.stdout.split(" - ")[0].strip(),
     )  # fmt: skip
     prompts = prompt_set(32, 64, engine.model)
+    # adapters in a random (seeded) order: a fixed cycle would pair each adapter with one
+    # replica under round robin too (request i to replica i % 2), an affinity by accident
+    order = random.Random(0)
+    models = tuple(order.choice(names) for _ in range(MIX))
     workload = Workload(
         protocol="openai-completions", stream=True, max_tokens=16, prompts=prompts,
-        models=names, concurrency=plan.h_concurrency, requests=plan.h_requests, prompt_len=32,
+        models=models, concurrency=plan.h_concurrency, requests=plan.h_requests, prompt_len=32,
     )  # fmt: skip
     with contextlib.ExitStack() as stack:
         replicas = _replicas(run, engine, stack)
@@ -74,7 +82,7 @@ def _window(
     *, first: bool,
 ) -> None:
     target = Target.parse(front.url, None)
-    uvloop.run(warm_up(target, workload, 2 * len(workload.models)))
+    uvloop.run(warm_up(target, workload, WARM_UP))
     before = [_counters(r) for r in replicas]
     row = run.window("H", arm, front, workload, LABEL, round=rnd, first=first)
     after = [_counters(r) for r in replicas]

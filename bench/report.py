@@ -2147,7 +2147,7 @@ def h_section(results: Results) -> str:
                 fmt(pick(s, "ttft_ms.median")), fmt(pick(s, "ttft_ms.p90")),
                 fmt(note.get("cold_loads"), 0),
                 " / ".join(fmt(n, 0) for n in note.get("requests_per_replica") or []),
-                fmt(w["others_cpu_share"], 2), str(s["failed"]),
+                str(s["failed"]),
             ])  # fmt: skip
         if {"affinity", "round-robin"} <= arms.keys():
             a, r = arms["affinity"], arms["round-robin"]
@@ -2156,21 +2156,24 @@ def h_section(results: Results) -> str:
             ratios["cold"].append(ratio(cold.get(a["id"], {}).get("cold_loads"),
                                         cold.get(r["id"], {}).get("cold_loads")))
     work = windows[0]["workload"]
-    engine = (results.note("engine", scenario="H") or [{}])[0]
+    note = (results.note("engine", scenario="H") or [{}])[0]
+    engine = {**note.get("settings", {}), "haproxy": note.get("haproxy")}
     parts = [
         "## H. Adapter affinity at the balancer (HAProxy): hash on the adapter vs round robin\n",
         f"A real HAProxy ({_haproxy_version(engine)}) in front of two gateway replicas "
         f"on the real engine (each `maxLoras` {engine.get('max_loras')}, "
         f"{engine.get('max_cpu_loras')} cached adapters, its engine worker pinned to its own "
-        f"core), {len(work['models'])} adapters requested in turn, {work['concurrency']} "
+        f"core), {len(set(work['models']))} adapters requested in a random order, "
+        f"{work['concurrency']} "
         f"concurrent streamed completions of {work['max_tokens']} tokens, {work['requests']} "
         "per window after an untimed warm-up of the same mix. `affinity`: "
         "deploy/haproxy-affinity.cfg as shipped (consistent hash on the adapter, "
         "`hash-balance-factor 150`); `round-robin`: the same file with `balance roundrobin`. "
         "Cold loads: loads a request waited for, over the timed part, both replicas. Ratios are "
-        "affinity / round robin, median of the per-round ratios (`python -m bench h`).\n",
+        "affinity / round robin, median of the per-round ratios (`python -m bench h`). Load "
+        f"average at the start {_loadavg(results)}.\n",
         table(["round", "arm", "first", "req/s", "TTFT median ms", "TTFT p90 ms", "cold loads",
-               "requests r1 / r2", "others' CPU (cores)", "failed"], rows),
+               "requests r1 / r2", "failed"], rows),
         "",
         table(["affinity / round robin", "median", "min–max"], [
             [name, fmt_ratio(median(ratios[key])), fmt_spread(spread(ratios[key]))]
@@ -2180,6 +2183,11 @@ def h_section(results: Results) -> str:
         "",
     ]
     return "\n".join(parts)
+
+
+def _loadavg(results: Results) -> str:
+    found = results.meta["machine"].get("loadavg_at_start") or []
+    return ", ".join(f"{value:.1f}" for value in found) or "unknown"
 
 
 def _haproxy_version(engine: Row) -> str:
