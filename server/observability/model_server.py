@@ -9,7 +9,10 @@ gateway's knowledge:
 
 - `vllm:num_requests_waiting`: the engine's queue plus the gateway's admission queue (every
   worker's), so that a router does not take a server that queues in front of its engine for an
-  idle one. (`vllm:num_requests_waiting_by_reason` keeps the engine's numbers alone.)
+  idle one. (`vllm:num_requests_waiting_by_reason` keeps the engine's numbers alone.) With one
+  engine core, it, `vllm:num_requests_running` and `vllm:kv_cache_usage_perc` are read from the
+  scheduler numbers all workers share (the engine's `_SchedulerSnapshot`): vLLM's own gauges are
+  per worker, and a scrape could show one worker's older copy.
 - `vllm:lora_requests_info{max_lora, running_lora_adapters, waiting_lora_adapters}` (value: the
   Unix time of the update, here the scrape, so a router takes the newest series): vLLM 0.32 fills
   both lists from the same set of adapters (vllm/v1/metrics/stats.py, `update_scheduler_stats`;
@@ -42,10 +45,12 @@ from prometheus_client.samples import Sample
 
 from server.core.adapters import LOAD_BUCKETS, AdapterSnapshot, Residency
 from server.core.service import InferenceService
-from server.core.types import AdapterLoad
+from server.core.types import AdapterLoad, EngineStats
 
 ENGINE_LOADS = "engine_adapter_loads"  # the peers' operation: a worker's requests per adapter
 WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+KV_USAGE = "vllm:kv_cache_usage_perc"
 LORA_INFO = "vllm:lora_requests_info"
 
 QueueDepth = Callable[[], tuple[float, dict[str, float]]]  # all, and per adapter name
@@ -57,6 +62,7 @@ class ServerLoad:
 
     queued: float  # requests in the gateway's admission queues
     queued_by_adapter: dict[str, float]
+    scheduler: EngineStats  # the engine's latest numbers, as every worker shares them
     engine: dict[str, AdapterLoad]  # requests in the engine, per adapter
     adapters: Sequence[AdapterSnapshot]
     at: float  # Unix time
@@ -96,6 +102,7 @@ class ModelServerContract:
         return ServerLoad(
             queued=queued,
             queued_by_adapter=by_adapter,
+            scheduler=self._service.stats(),
             engine={name: AdapterLoad(*numbers) for name, numbers in engine.items()},
             adapters=self._service.adapters.snapshots(),
             at=time.time(),
@@ -120,10 +127,19 @@ class _Corrected:
         self._load = load
 
     def collect(self) -> Iterator[Metric]:
+        engine = self._load.scheduler
+        used = 1.0 - engine.free_blocks / engine.total_blocks if engine.total_blocks else 0.0
+        current = {
+            WAITING: engine.waiting + self._load.queued,
+            RUNNING: float(engine.running),
+            KV_USAGE: used,
+        }
         for family in self._registry.collect():
             if family.name == LORA_INFO:
                 continue
-            if family.name == WAITING:
+            if family.name in current and len(family.samples) == 1:
+                yield with_value(family, current[family.name])
+            elif family.name == WAITING:
                 yield with_gateway_queue(family, self._load.queued)
             else:
                 yield family
@@ -135,6 +151,17 @@ class _Families:
 
     def collect(self) -> Iterator[Metric]:
         return iter(self._families)
+
+
+def with_value(family: Metric, value: float) -> Metric:
+    """A one-engine family set to the numbers every worker shares (vLLM's own gauge is each
+    worker's copy, merged as the most recently written: vLLM reports a step's numbers to one
+    front end, so another worker's older copy can win)."""
+    out = Metric(family.name, family.documentation, family.type, family.unit)
+    (sample,) = family.samples
+    out.samples.append(Sample(sample.name, sample.labels, value, sample.timestamp,
+                              sample.exemplar))
+    return out
 
 
 def with_gateway_queue(family: Metric, queued: float) -> Metric:

@@ -25,6 +25,7 @@ from tests.serverproc import RunningServer, running_server
 HOLD_TOKENS = 7000
 ENVIRON = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "VLLM_CPU_OMP_THREADS_BIND": "1"}
 WAIT_S = 300.0
+SUMMARY = ("vllm:num_requests_waiting", "vllm:num_requests_running", "gateway_requests_queued")
 
 Series = list[tuple[dict[str, str], float]]
 Families = dict[str, Series]
@@ -63,12 +64,14 @@ async def scrape(server: RunningServer) -> Families:
 async def poll(server: RunningServer, ready: Callable[[Families], bool]) -> Families:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + WAIT_S
+    seen = []  # what each scrape said, for the failure message
     while loop.time() < deadline:
         families = await scrape(server)
         if ready(families):
             return families
+        seen.append(tuple(total(families, name) for name in SUMMARY))
         await asyncio.sleep(0.05)
-    raise AssertionError(f"never reached: {families}")
+    raise AssertionError(f"never reached; {SUMMARY} over time: {sorted(set(seen))}")
 
 
 def body(adapter: str, tokens: int, *, stream: bool) -> dict[str, object]:

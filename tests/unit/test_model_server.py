@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.core.adapters import AdapterSnapshot, Residency
-from server.core.types import AdapterLoad
+from server.core.types import AdapterLoad, EngineStats
 from server.observability.model_server import (
     ServerLoad,
     _Corrected,
@@ -29,6 +29,7 @@ def load(**engine: AdapterLoad) -> ServerLoad:
     return ServerLoad(
         queued=3.0,
         queued_by_adapter={"a1": 2.0, "": 1.0, "not-an-adapter": 4.0},
+        scheduler=EngineStats(running=2, waiting=1, total_blocks=100, free_blocks=75),
         engine=engine,
         adapters=[
             snapshot("a1", Residency.CPU_CACHE), snapshot("a2", Residency.ENGINE_SLOT),
@@ -85,3 +86,20 @@ def test_the_queue_is_added_to_a_single_series_too() -> None:
     Gauge("vllm:num_requests_waiting", "w", registry=registry).set(1)
     (family,) = registry.collect()
     assert [s.value for s in with_gateway_queue(family, 4.0).samples] == [5.0]
+
+
+def test_one_engines_numbers_are_the_shared_ones_plus_the_gateways_queue() -> None:
+    registry = CollectorRegistry()
+    labels = ["engine", "model_name"]
+    for name, stale in (("vllm:num_requests_waiting", 7), ("vllm:num_requests_running", 0),
+                        ("vllm:kv_cache_usage_perc", 0.9)):
+        Gauge(name, "g", labels, registry=registry).labels("0", "tiny").set(stale)
+    text = generate_latest(_Corrected(registry, load())).decode()  # type: ignore[arg-type]
+    samples = {
+        s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+    }
+    assert samples == {
+        "vllm:num_requests_waiting": 4.0,  # the engine's 1 and the gateway's 3
+        "vllm:num_requests_running": 2.0,
+        "vllm:kv_cache_usage_perc": 0.25,
+    }
