@@ -1,7 +1,8 @@
 """`python -m bench …`: the load generator and the benchmark scenarios.
 
   python -m bench all [--quick]            every scenario (A, B, C, D, G, W), then the report
-  python -m bench a|b|c|d|g|w [--quick]    one scenario (appends to --run, default a new run)
+  python -m bench a|b|c|d|g|w|h [--quick]  one scenario (appends to --run, default a new run;
+                                           H, adapter affinity at HAProxy, runs only so)
   python -m bench report [--run NAME]      regenerate bench/README.md and the plots
   python -m bench run --url URL ...        the load generator alone against any server
 
@@ -34,7 +35,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("all", "a", "b", "c", "d", "g", "w"):
+    for name in ("all", "a", "b", "c", "d", "g", "w", "h"):
         scenario = sub.add_parser(name, help=f"run scenario {name}")
         scenario.add_argument("--quick", action="store_true", help="tiny windows, for development")
         scenario.add_argument("--run", default=None, help="run name (default: a timestamp)")
@@ -115,10 +116,10 @@ def load_command(args: argparse.Namespace) -> int:
 
 def scenario_command(args: argparse.Namespace) -> int:
     from bench.report import write_report
-    from bench.scenarios import QUICK, SCENARIOS, Plan
+    from bench.scenarios import ALL, QUICK, SCENARIOS, Plan
 
     plan = QUICK if args.quick else Plan()
-    names = list(SCENARIOS) if args.command == "all" else [args.command]
+    names = list(ALL) if args.command == "all" else [args.command]
     run = Run(args.run, settings={"plan": dataclasses.asdict(plan), "quick": args.quick})
     print(f"run {run.name} -> {run.dir}", flush=True)
     t0 = time.monotonic()

@@ -2133,6 +2133,76 @@ def _perf_analyzer_text(results: Results) -> str:
     )
 
 
+def h_section(results: Results) -> str:
+    """H: adapter affinity at HAProxy (bench/affinity.py): hash on the adapter vs round robin."""
+    windows = results.select("H")
+    if not windows:
+        return ""
+    cold = {n["window"]: n for n in results.note("affinity", scenario="H")}
+    rounds: dict[Any, dict[str, Row]] = defaultdict(dict)
+    for window in windows:
+        rounds[window["tags"].get("round")][window["arm"]] = window
+    rows, ratios = [], defaultdict(list)
+    for rnd in sorted(rounds, key=str):
+        arms = rounds[rnd]
+        for arm in ("affinity", "round-robin"):
+            if arm not in arms:
+                continue
+            w, note = arms[arm], cold.get(arms[arm]["id"], {})
+            s = w["summary"]
+            rows.append([
+                str(rnd), arm, "yes" if w["tags"].get("first") else "", fmt(s["req_per_s"]),
+                fmt(pick(s, "ttft_ms.median")), fmt(pick(s, "ttft_ms.p90")),
+                fmt(note.get("cold_loads"), 0),
+                " / ".join(fmt(n, 0) for n in note.get("requests_per_replica") or []),
+                str(s["failed"]),
+            ])  # fmt: skip
+        if {"affinity", "round-robin"} <= arms.keys():
+            a, r = arms["affinity"], arms["round-robin"]
+            for key, path in (("req", "req_per_s"), ("p90", "ttft_ms.p90")):
+                ratios[key].append(ratio(pick(a["summary"], path), pick(r["summary"], path)))
+            ratios["cold"].append(ratio(cold.get(a["id"], {}).get("cold_loads"),
+                                        cold.get(r["id"], {}).get("cold_loads")))
+    work = windows[0]["workload"]
+    note = (results.note("engine", scenario="H") or [{}])[0]
+    engine = {**note.get("settings", {}), "haproxy": note.get("haproxy")}
+    parts = [
+        "## H. Adapter affinity at the balancer (HAProxy): hash on the adapter vs round robin\n",
+        f"A real HAProxy ({_haproxy_version(engine)}) in front of two gateway replicas "
+        f"on the real engine (each `maxLoras` {engine.get('max_loras')}, "
+        f"{engine.get('max_cpu_loras')} cached adapters, its engine worker pinned to its own "
+        f"core), {len(set(work['models']))} adapters requested in a random order, "
+        f"{work['concurrency']} "
+        f"concurrent streamed completions of {work['max_tokens']} tokens, {work['requests']} "
+        "per window after an untimed warm-up of the same mix. `affinity`: "
+        "deploy/haproxy-affinity.cfg as shipped (consistent hash on the adapter, "
+        "`hash-balance-factor 150`); `round-robin`: the same file with `balance roundrobin`. "
+        "Cold loads: loads a request waited for, over the timed part, both replicas. Ratios are "
+        "affinity / round robin, median of the per-round ratios (`python -m bench h`). Load "
+        f"average at the start {_loadavg(results)}.\n",
+        table(["round", "arm", "first", "req/s", "TTFT median ms", "TTFT p90 ms", "cold loads",
+               "requests r1 / r2", "failed"], rows),
+        "",
+        table(["affinity / round robin", "median", "min–max"], [
+            [name, fmt_ratio(median(ratios[key])), fmt_spread(spread(ratios[key]))]
+            for name, key in (("requests/s", "req"), ("TTFT p90", "p90"),
+                              ("cold loads", "cold"))
+        ]),
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def _loadavg(results: Results) -> str:
+    found = results.meta["machine"].get("loadavg_at_start") or []
+    return ", ".join(f"{value:.1f}" for value in found) or "unknown"
+
+
+def _haproxy_version(engine: Row) -> str:
+    found = str(engine.get("haproxy", ""))
+    return found if found.startswith("HAProxy") else "Debian's package"
+
+
 def write_report(run: str | None = None) -> Path:
     name = run or latest_run()
     results = Results(RESULTS / name)
@@ -2151,7 +2221,7 @@ def write_report(run: str | None = None) -> Path:
         "",
         _misses(results, a, b, mem),
         a_text, b_text, c_text, c_on_demand_text(results), d_text, g_section(results),
-        w_section(results), _method(results),
+        w_section(results), h_section(results), _method(results),
     ])  # fmt: skip
     (BENCH / "README.md").write_text(page)
     (BENCH / "SUMMARY.md").write_text(_summary(results, a, b, mem))
@@ -2180,7 +2250,8 @@ def _header(results: Results) -> str:
         "What the gateway costs over the engine: latency, throughput and memory next to vLLM's own "
         "OpenAI server on the same engine (A), the protocol layer's ceiling next to a bare "
         "Starlette + uvicorn endpoint (B), multi-LoRA (C), scaling (D), Triton over gRPC (G) and "
-        "front-end worker processes (W). Regenerate everything "
+        "front-end worker processes (W); adapter affinity at a real HAProxy (H) runs on request "
+        "(`python -m bench h --run RUN` adds it to a run). Regenerate everything "
         "with `make bench` (under 20 minutes on 2 cores); "
         "`python -m bench report` rebuilds this page from the latest run.\n",
         f"Run `{meta['run']}` of {meta['started']}, commit `{meta['commit'][:12]}`{tree}, "

@@ -124,6 +124,10 @@ class Plan:
     w_wrk_window_s: int = 2  # W-B's non-streamed wrk windows (B's: b_wrk_window_s), for time
     w_a_rounds: int = 2  # W-A: a vLLM session, then a gateway session, each round
     w_a_reps: int = 3  # W-A: windows of each workload per session
+    h_rounds: int = 3  # H: rounds of (affinity, round robin), the first arm alternating
+    h_adapters: int = 16
+    h_requests: int = 192
+    h_concurrency: int = 8
 
 
 QUICK = Plan(
@@ -154,6 +158,8 @@ QUICK = Plan(
     w_wrk_window_s=1,
     w_a_rounds=1,
     w_a_reps=1,
+    h_rounds=1,
+    h_requests=48,
 )
 
 B_PROTOCOLS = ("openai-chat", "tgi", "triton", "mindie", "djl", "anthropic")
@@ -1011,7 +1017,16 @@ def scenario_w(run: Run, plan: Plan) -> None:
     run_w(run, plan)
 
 
+def scenario_h(run: Run, plan: Plan) -> None:
+    """Adapter affinity at a real HAProxy: hash on the adapter vs round robin, two replicas on
+    the real engine (bench/affinity.py). Run on request, not by `all`."""
+    from bench.affinity import run_h
+
+    run_h(run, plan)
+
+
 SCENARIOS = {
     "a": scenario_a, "b": scenario_b, "c": scenario_c, "d": scenario_d, "g": scenario_g,
-    "w": scenario_w,
+    "w": scenario_w, "h": scenario_h,
 }
+ALL = ("a", "b", "c", "d", "g", "w")  # `python -m bench all`: H runs on request only

@@ -334,6 +334,7 @@ def start_gateway(
     cpus: set[int] | None = None,
     variant: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    ready_s: float = 240.0,
 ) -> Server:
     """The gateway (`python -m server`), or with `variant` switches of `bench.gateway_variant`
     (`--no-metrics`, `--gc-log FILE`, `--gc-freeze`). `env`: the engine environment, when not
@@ -359,7 +360,7 @@ def start_gateway(
         tls=tls_client_context() if tls else None,
         extra={"config": config, "argv": argv},
     )
-    wait_ready(server, "/health")
+    wait_ready(server, "/health", ready_s)
     return server
 
 

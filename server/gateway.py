@@ -158,7 +158,7 @@ def build_gateway(
         management_address=f"{management.host}:{management.port}",
     )
     context = protocol_context(settings, service, port)
-    routes = _routes(settings, context, registries)
+    routes = _routes(settings, context, metrics)
     return Gateway(
         settings=settings,
         engine=engine,
@@ -181,7 +181,7 @@ def _grpc_services(context: ProtocolContext) -> tuple[GrpcService, ...]:
 
 
 def _routes(
-    settings: Settings, context: ProtocolContext, registries: tuple[CollectorRegistry, ...]
+    settings: Settings, context: ProtocolContext, metrics: GatewayMetrics
 ) -> tuple[Route, ...]:
     """Every protocol's data routes (the same context as their gRPC services), their
     management routes, then the server's own: /openapi.json and /metrics."""
@@ -190,7 +190,9 @@ def _routes(
     documents: dict[str, dict[str, Any]] = {}
     render = _unrouted().render
     built += openapi.routes(documents.get, render)
-    built += metrics_routes.routes(context.service, registries=registries, render=render)
+    built += metrics_routes.routes(
+        context.service, metrics, registries=metrics.registries, render=render
+    )
     for listener in LISTENERS:  # the documents describe the routes as built
         routes = [route for route in built if listener in route.listeners]
         documents[listener] = openapi.openapi_document(

@@ -334,9 +334,20 @@ class EngineInfo:
     reasoning_parser: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class AdapterLoad:
+    """One adapter's requests in the engine: executing (scheduled in a batch) and waiting in
+    the engine's own queue (submitted, not scheduled yet, or preempted)."""
+
+    running: int
+    waiting: int
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineStats:
     running: int
     waiting: int
     total_blocks: int
     free_blocks: int
+    # this front end's requests per adapter name (only adapters with requests in the engine)
+    adapters: dict[str, AdapterLoad] = field(default_factory=dict)

@@ -29,6 +29,7 @@ from server.core.errors import (
 )
 from server.core.types import (
     AdapterHandle,
+    AdapterLoad,
     ChatPrompt,
     Delta,
     Done,
@@ -108,6 +109,7 @@ class FakeEngine:
         self.adapters: dict[int, AdapterHandle] = {}
         self.pinned: set[int] = set()
         self.running = 0
+        self._running_on: dict[str, int] = {}  # running requests per adapter name
         self._aborts: dict[str, asyncio.Event] = {}
 
     async def generate(
@@ -122,6 +124,7 @@ class FakeEngine:
             raise ContextLengthExceeded("prompt is longer than the context")
         abort = self._aborts[engine_request_id] = asyncio.Event()
         self.running += 1
+        self._count(adapter, 1)
         clock = _TokenClock()
         try:
             yield Started(
@@ -145,6 +148,7 @@ class FakeEngine:
             yield Done(usage=usage, timing=None if request.stream else clock.timing())
         finally:
             self.running -= 1
+            self._count(adapter, -1)
             self._aborts.pop(engine_request_id, None)
 
     async def _whole(self, tokens: _Tokens, abort: asyncio.Event, clock: _TokenClock) -> Delta:
@@ -257,8 +261,20 @@ class FakeEngine:
             return None
         return FakeOutputParser(spec, reasoning=reasoning, tools=tools)
 
+    def _count(self, adapter: AdapterHandle | None, change: int) -> None:
+        if adapter is not None:
+            count = self._running_on.get(adapter.name, 0) + change
+            self._running_on[adapter.name] = count
+            if count <= 0:
+                del self._running_on[adapter.name]
+
     def stats(self) -> EngineStats:
-        return EngineStats(running=self.running, waiting=0, total_blocks=1024, free_blocks=1024)
+        """Every request runs at once here: nothing waits in this engine."""
+        adapters = {name: AdapterLoad(running=n, waiting=0) for name, n in self._running_on.items()}
+        return EngineStats(
+            running=self.running, waiting=0, total_blocks=1024, free_blocks=1024,
+            adapters=adapters,
+        )
 
     async def shutdown(self) -> None:
         for event in self._aborts.values():

@@ -44,6 +44,7 @@ from server.core.errors import (
 from server.core.lifecycle import log_phase
 from server.core.types import (
     AdapterHandle,
+    AdapterLoad,
     ChatMessage,
     ChatPrompt,
     Delta,
@@ -395,6 +396,7 @@ class VllmEngine:
         self._info = _engine_info(llm, options, self._tokenizer)
         self._vocab_end = max(self._info.vocab_size, self._tokenizer.max_token_id + 1)
         self._lora_enabled = llm.vllm_config.lora_config is not None
+        self._in_engine: dict[str, int] = {}  # this front end's requests per adapter name
         self._prompt_logprobs_unsafe = (
             self._lora_enabled and llm.vllm_config.device_config.device_type == "cpu"
         )
@@ -416,6 +418,7 @@ class VllmEngine:
         folder = _EventFolder(prompt, request)
         completed = False
         self._snapshot.entered(1)
+        self._count_adapter(adapter, 1)
         try:
             outputs = self._llm.generate(
                 _engine_input(prompt),
@@ -437,8 +440,18 @@ class VllmEngine:
             if not completed:
                 await self.abort(engine_request_id)
             self._snapshot.entered(-1)
+            self._count_adapter(adapter, -1)
         for event in folder.closing():
             yield event
+
+    def _count_adapter(self, adapter: AdapterHandle | None, change: int) -> None:
+        if adapter is None:
+            return
+        count = self._in_engine.get(adapter.name, 0) + change
+        if count > 0:
+            self._in_engine[adapter.name] = count
+        else:
+            self._in_engine.pop(adapter.name, None)
 
     async def abort(self, engine_request_id: str) -> None:
         try:
@@ -643,13 +656,32 @@ class VllmEngine:
 
     def stats(self) -> EngineStats:
         total = self._llm.vllm_config.cache_config.num_gpu_blocks or 0
+        adapters = self._adapter_loads()
         if self._snapshot.idle():
-            return EngineStats(running=0, waiting=0, total_blocks=total, free_blocks=total)
+            return EngineStats(
+                running=0, waiting=0, total_blocks=total, free_blocks=total, adapters=adapters
+            )
         snap = self._snapshot
         used = min(total, round(snap.kv_cache_usage * total))
         return EngineStats(
-            running=snap.running, waiting=snap.waiting, total_blocks=total, free_blocks=total - used
+            running=snap.running, waiting=snap.waiting, total_blocks=total,
+            free_blocks=total - used, adapters=adapters,
         )
+
+    def _adapter_loads(self) -> dict[str, AdapterLoad]:
+        """This front end's requests per adapter, split by vLLM's own per-request events
+        (`LoRARequestStates`: SCHEDULED makes a request running, PREEMPTED waiting again, and
+        the engine reports them with the request's outputs, so a request not scheduled yet is
+        known to it only as submitted: waiting). vLLM's `vllm:lora_requests_info` reads the
+        same states but lists every adapter in both of its labels (vllm #54830)."""
+        states = getattr(getattr(self._llm, "output_processor", None), "lora_states", None)
+        known = getattr(states, "requests", {})
+        loads = {}
+        for name, submitted in self._in_engine.items():
+            state = known.get(name)
+            running = min(submitted, len(state.running)) if state is not None else 0
+            loads[name] = AdapterLoad(running=running, waiting=submitted - running)
+        return loads
 
     async def check_health(self) -> None:
         if self._closed:

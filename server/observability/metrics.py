@@ -21,7 +21,7 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -44,6 +44,7 @@ from server.http.context import LatencyWindows, access_note_var
 from server.http.routes import MANAGEMENT, METRICS, Access, Answer, Doc, Render, Route, RouteList
 from server.observability.families import Counter, Gauge, Histogram, Value
 from server.observability.logs import RequestLog, access_line
+from server.observability.model_server import ModelServerContract
 from server.observability.shared import INTERNAL, SharedFiles, live_sums, multiprocess_dir
 from server.observability.shared import worker_exited as worker_exited  # the supervisor's hook
 
@@ -332,6 +333,15 @@ class GatewayMetrics:
             series = self._adapter_queued.labels(key)
         series.value = slots
 
+    def queue_depth(self) -> tuple[float, dict[str, float]]:
+        """Requests waiting for admission (every worker's): all, and per queue key."""
+        if self.shared_dir is None:
+            admission = self._live.admission
+            return float(admission.waiting), {k: float(n) for k, n in admission.queued().items()}
+        sums = live_sums(self.shared_dir)
+        by_key = {labels[0]: n for labels, n in sums.get(ADAPTER_QUEUED, {}).items()}
+        return sums.get(QUEUED, {}).get((), 0.0), by_key
+
     def latency_windows(self) -> LatencyWindows:
         """The means over the last `window` requests and the queued slots: this process's; with
         workers every live worker's, the windows pooled (each worker's last requests together)."""
@@ -567,21 +577,23 @@ def _load_histogram(snapshots: Sequence[AdapterSnapshot]) -> Metric:
     return family
 
 
-def prometheus_text(registries: Sequence[CollectorRegistry]) -> bytes:
-    return b"".join(generate_latest(registry) for registry in registries)
 
 
 def routes(
     service: InferenceService,
+    metrics: GatewayMetrics,
     *,
     registries: Sequence[CollectorRegistry],
     render: Render,
 ) -> list[Route]:
     """`/metrics` (always served), on the metrics and management listeners."""
 
+    contract = ModelServerContract(service, metrics.queue_depth)
+
     async def prometheus(request: Request) -> Answer:
         await service.adapters.refresh()
-        return Response(prometheus_text(registries), media_type=PROMETHEUS_TEXT)
+        load = await contract.gather()
+        return Response(contract.text(registries, load), media_type=PROMETHEUS_TEXT)
 
     out = RouteList(
         owner=NAME, render=render, access=Access.METRICS,

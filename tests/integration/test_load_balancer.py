@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import functools
 import re
-import shutil
 import socket
 import subprocess
 import time
@@ -28,7 +27,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.wrk import _apt_install
 from tests.integration.traffic import (
     Outcome,
     Sender,
@@ -51,6 +49,7 @@ from tests.serverproc import (
     start_up_problems,
     wait_ready,
 )
+from tests.tools import debian_tool
 
 # typically 2-3 minutes: two starts, then two restarts under load, each bounded below (on a
 # 2-core host shared with other engines, a start beside the loaded replica took over 3 minutes)
@@ -71,13 +70,7 @@ STEP_S = 60.0  # a drain, an exit, a health-check transition
 
 
 def haproxy() -> str:
-    found = shutil.which("haproxy")
-    if found is None:
-        installed, how = _apt_install("haproxy")
-        found = shutil.which("haproxy") if installed else None
-        if found is None:
-            pytest.skip(f"HAProxy is not available: {how}")
-    return found
+    return debian_tool("haproxy", "haproxy")
 
 
 @dataclass
@@ -112,19 +105,22 @@ class Balancer:
 
 
 @contextlib.contextmanager
-def running_balancer(tmp: Path, replicas: dict[str, RunningServer]) -> Iterator[Balancer]:
-    """deploy/haproxy.cfg as shipped, with this test's ports and admin socket."""
+def running_balancer(
+    tmp: Path, replicas: dict[str, RunningServer], config: Path = CONFIG
+) -> Iterator[Balancer]:
+    """A shipped HAProxy config (deploy/haproxy.cfg by default) with this test's ports and
+    admin socket."""
     port, admin = free_port(), tmp / "admin.sock"
-    text = CONFIG.read_text()
+    text = config.read_text()
     text = text.replace("/run/haproxy/admin.sock", str(admin))
     text = text.replace("bind 127.0.0.1:8080", f"bind 127.0.0.1:{port}")
     for name, replica in replicas.items():
         text = re.sub(rf"server {name} 127\.0\.0\.1:\d+", f"server {name} 127.0.0.1:"
                       f"{replica.data_port}", text)
-    config = tmp / "haproxy.cfg"
-    config.write_text(text)
+    written = tmp / "haproxy.cfg"
+    written.write_text(text)
     with (tmp / "haproxy.log").open("wb") as log:
-        process = subprocess.Popen([haproxy(), "-db", "-f", str(config)], stdout=log,
+        process = subprocess.Popen([haproxy(), "-db", "-f", str(written)], stdout=log,
                                    stderr=subprocess.STDOUT)
     balancer = Balancer(process, port, admin)
     try:

@@ -23,10 +23,10 @@ import pytest
 import yaml
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from bench.wrk import _apt_install
 from tests.dashboard import dashboard_metrics, load, sampled_names
 from tests.integration.traffic import management_tls
 from tests.serverproc import CERTS, ROOT, RunningServer, free_port, running_server
+from tests.tools import debian_tool
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
@@ -113,13 +113,7 @@ def test_a_real_response_says_the_gateways_overhead(traffic: Traffic) -> None:
 
 # ---- a real Prometheus --------------------------------------------------------------------------
 def prometheus_binary() -> str:
-    found = shutil.which("prometheus")
-    if found is None:
-        installed, how = _apt_install("prometheus")
-        found = shutil.which("prometheus") if installed else None
-        if found is None:
-            pytest.skip(f"Prometheus is not available: {how}")
-    return found
+    return debian_tool("prometheus", "prometheus")
 
 
 def shipped_config(server: RunningServer) -> dict[str, Any]:
