@@ -15,8 +15,16 @@ rm -rf "$rootfs"
 trap 'rm -rf "$rootfs"' EXIT
 
 debootstrap --variant=minbase bookworm "$rootfs" "$mirror"
-# debootstrap resolves only what --include names; apt resolves python3.11-venv's dependencies.
+# Point-release and security updates too, as Debian's own images do (debootstrap sets main only).
+cat > "$rootfs/etc/apt/sources.list" <<SOURCES
+deb $mirror bookworm main
+deb $mirror bookworm-updates main
+deb ${SECURITY_MIRROR:-http://deb.debian.org/debian-security} bookworm-security main
+SOURCES
 cp /etc/resolv.conf "$rootfs/etc/resolv.conf"
+chroot "$rootfs" apt-get update -q
+chroot "$rootfs" apt-get upgrade -y -q
+# With apt, not debootstrap --include: that does not resolve python3.11-venv's dependencies.
 chroot "$rootfs" apt-get install -y -q --no-install-recommends \
     python3.11 python3.11-venv libpython3.11-dev libnuma1 ca-certificates
 chroot "$rootfs" apt-get clean
