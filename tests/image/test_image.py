@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -28,9 +27,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.serverproc import CERTS, DEMO, ensure_assets, free_port
+from tests.serverproc import CERTS, DEMO, ROOT, ensure_assets, free_port, readme_curl
 
-ROOT = Path(__file__).resolve().parents[2]
 TAG = os.environ.get("IMAGE_TAG", "localhost/llm-gateway:latest")
 START_TIMEOUT = 900.0  # a cold engine start on 2 shared cores, inside a fresh container
 # The first test also pays for the fixture: copying the image into a vfs container (minutes on
@@ -201,17 +199,9 @@ def test_the_image_runs_what_the_dockerfile_says() -> None:
     assert shlex.split(healthcheck(config))[:3] == ["python", "-m", "server.dev.healthcheck"]
 
 
-def readme_curl() -> str:
-    """The README's curl over mutual TLS, verbatim (run from the repository's root)."""
-    block = re.search(r"```bash\n(curl -s --cacert.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert block, "README.md lost its curl example"
-    return block.group(1).replace("\\\n", " ")
-
-
 def test_the_readme_curl_answers_over_mtls(container: Container) -> None:
-    command = readme_curl().replace("localhost:1025", f"localhost:{container.ports['PORT']}")
-    done = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, check=True)
+    done = subprocess.run(readme_curl(container.ports["PORT"]), cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=True)
     answer = json.loads(done.stdout)
     assert answer["object"] == "chat.completion", done.stdout
     assert answer["model"] == "a1"
@@ -220,10 +210,11 @@ def test_the_readme_curl_answers_over_mtls(container: Container) -> None:
 
 
 def test_the_same_curl_without_a_client_certificate_is_refused(container: Container) -> None:
-    command = readme_curl().replace("localhost:1025", f"localhost:{container.ports['PORT']}")
-    command = command.replace("--cert certs/client.pem --key certs/client.key", "")
-    done = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, check=False)
+    command = readme_curl(container.ports["PORT"])
+    for flag in ("--cert", "--key"):
+        del command[command.index(flag):command.index(flag) + 2]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
     assert done.returncode != 0
     assert done.stdout == ""
 
