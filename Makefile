@@ -9,7 +9,8 @@ EXTRAS ?= cpu,demo,test,dev
 export VLLM_NO_USAGE_STATS := 1
 export VLLM_HOST_IP := 127.0.0.1
 
-.PHONY: install demo certs serve test test-workers lint typecheck imports check unit integration bench clean
+.PHONY: install demo certs serve test test-workers lint typecheck imports check unit integration bench \
+	image test-image image-clean clean
 
 install: $(STAMP)
 
@@ -61,6 +62,26 @@ test-workers: install demo certs
 # batch first byte: bench/README.md (~20 min).
 bench: install demo certs
 	$(PY) -m bench all
+
+# The container image, built and run without a daemon: buildah (chroot isolation, vfs storage in
+# /var/tmp/llm-gateway-image), as root. IMAGE_BASE=auto takes python:3.11-slim when it can be
+# pulled, else a Debian base made with debootstrap (IMAGE_BASE=python|debian to choose);
+# docs/operations.md#container-image. Not part of `make test`.
+IMAGE_BASE ?= auto
+IMAGE_TAG ?= localhost/llm-gateway:latest
+IMAGE_ENV := CONTAINERS_STORAGE_CONF=$(CURDIR)/deploy/image/storage.conf \
+	IMAGE_BASE=$(IMAGE_BASE) IMAGE_TAG=$(IMAGE_TAG)
+
+image:
+	$(IMAGE_ENV) deploy/image/build.sh
+
+# Runs the built image with the demo model and dev certificates mounted (tests/image).
+test-image: install demo certs
+	$(IMAGE_ENV) $(PY) -m pytest -q tests/image
+
+image-clean:
+	$(IMAGE_ENV) buildah rm --all
+	$(IMAGE_ENV) buildah rmi --all --force || true
 
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache

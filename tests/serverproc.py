@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import ssl
@@ -31,6 +32,15 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def readme_curl(port: int) -> list[str]:
+    """The README's first curl example (mutual TLS, run from the repository's root), pointed at
+    `port` instead of the shipped data port 1025."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("```bash\ncurl -s --cacert") + len("```bash\n"):]
+    command = block[: block.index("```")].replace("\\\n", " ")
+    return shlex.split(command.replace("localhost:1025", f"localhost:{port}"))
 
 
 def ensure_assets() -> None:

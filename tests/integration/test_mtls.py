@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shlex
 import socket
 import ssl
 import subprocess
@@ -27,7 +26,15 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.serverproc import CERTS, ROOT, RunningServer, base_config, merge, running_server
+from tests.serverproc import (
+    CERTS,
+    ROOT,
+    RunningServer,
+    base_config,
+    merge,
+    readme_curl,
+    running_server,
+)
 
 CA = str(CERTS / "ca.pem")
 REFUSED_BY_CURL = {35, 52, 56}  # handshake failure, empty reply, receive error (reset)
@@ -219,13 +226,8 @@ def test_curl_with_the_readme_flags_is_served(targets: dict[str, Target], listen
 
 def test_the_readme_curl_example_works_verbatim(targets: dict[str, Target]) -> None:
     """The first curl block of README.md, pointed at this server's TLS data port."""
-    readme = (ROOT / "README.md").read_text()
-    block = readme[readme.index("```bash\ncurl -s --cacert") + len("```bash\n"):]
-    command = block[: block.index("```")].replace("\\\n", " ")
-    command = command.replace("localhost:1025", f"localhost:{targets['data'].port}")
-    done = subprocess.run(
-        shlex.split(command), cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
-    )
+    done = subprocess.run(readme_curl(targets["data"].port), cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["choices"][0]["message"]["content"]
 
