@@ -102,6 +102,17 @@ async def warm_up(engine: Engine) -> None:
             pass
     except GatewayError as exc:
         logger.warning("engine warm-up failed: %s", exc.message)
+        await _alive_or_stopped(engine)
+
+
+async def _alive_or_stopped(engine: Engine) -> None:
+    """After a failed warm-up: a dead engine stops the start here (never turning ready), a
+    live one serves on."""
+    try:
+        await engine.check_health()
+    except GatewayError:
+        await engine.shutdown()
+        raise
 
 
 def fake_script(options: dict[str, Any]) -> FakeScript:
