@@ -143,11 +143,10 @@ def check_contract(families: Families, *, workers: int) -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("workers", [
     1,
-    pytest.param(2, marks=pytest.mark.xfail(strict=False, reason=(
-        "passed once, then failed 4 times on the shared machine (load average 25-40): scrapes "
-        "showed 1 request running and 3 queued in the gateways while both a3 streams had "
-        "started, so the scenario (or the workers' slot accounting) is not deterministic with "
-        "two workers yet; see the fleet report to the lead"
+    pytest.param(2, marks=pytest.mark.skip(reason=(
+        "open (issue 22): passed once, then failed 4 times on a loaded machine: scrapes showed "
+        "1 request running and 3 queued in the gateways while both a3 streams had started; a "
+        "failing run costs its 300 s poll, so it stays out of make test until it is explained"
     ))),
 ])
 def test_queue_depth_and_adapter_split_count_the_gateways_queue(
