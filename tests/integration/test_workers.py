@@ -353,10 +353,12 @@ def _counter(server: RunningServer, family: str) -> float:
 
 
 def _alive(pid: int) -> bool:
+    """Running, not gone and not a zombie: a worker whose supervisor was killed is reparented,
+    and where nothing reaps it (a container's PID 1 may not) it stays a zombie after exiting."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
