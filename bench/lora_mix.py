@@ -161,36 +161,54 @@ def run_l(run: Run, rounds: int, requests: int, concurrency: int, max_tokens: in
                     figures = probe.figures(row["summary"]["completed"])
                     run.note("engine_running", scenario="L", window=row["id"], arm=arm,
                              label=label, round=rnd, **figures)
-                    rows.append({"arm": arm, "label": label, "round": rnd,
-                                 "req_per_s": row["summary"]["req_per_s"],
-                                 "ttft_p50_ms": row["summary"]["ttft_ms"]["median"],
-                                 "ttft_p99_ms": row["summary"]["ttft_ms"]["p99"], **figures})
+                    rows.append(window_row(row, figures))
     print(table(rows), flush=True)
     return rows
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    """Medians over rounds per arm and mix, and each mix's rate over its arm's base rate."""
+FIGURES = ("req_per_s", "of_base", "ttft_p50_ms", "ttft_p99_ms", "running_mean", "running_max",
+           "loads_per_request")
+
+
+def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per arm and mix (in first-seen order): the median of each figure over the rounds, and the
+    median rate over the arm's median base rate (`of_base`)."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row["arm"], row["label"]), []).append(row)
 
-    def median(arm: str, label: str, key: str) -> float | None:
-        values = [r[key] for r in groups.get((arm, label), []) if r[key] is not None]
+    def median(group: list[dict[str, Any]], key: str) -> float | None:
+        values = [r[key] for r in group if r.get(key) is not None]
         return statistics.median(values) if values else None
 
+    out = []
+    for (arm, label), group in groups.items():
+        figures = {key: median(group, key) for key in FIGURES if key != "of_base"}
+        base = median(groups.get((arm, "base"), []), "req_per_s")
+        rate = figures["req_per_s"]
+        figures["of_base"] = rate / base if rate is not None and base else None
+        out.append({"arm": arm, "label": label, "rounds": len(group), **figures})
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The medians as plain text (printed at the end of the scenario)."""
     lines = ["arm      mix          req/s  of-base  ttft-p50  ttft-p99  run-mean  run-max  "
              "loads/req"]
-    for arm, label in groups:
-        rate = median(arm, label, "req_per_s") or 0.0
-        base = median(arm, "base", "req_per_s") or 0.0
-        loads = median(arm, label, "loads_per_request")
+    for m in medians(rows):
+        loads = m["loads_per_request"]
         lines.append(
-            f"{arm:<8} {label:<12} {rate:6.1f}  {rate / base if base else 0:6.2f}  "
-            f"{median(arm, label, 'ttft_p50_ms') or 0:8.0f}  "
-            f"{median(arm, label, 'ttft_p99_ms') or 0:8.0f}  "
-            f"{median(arm, label, 'running_mean') or 0:8.1f}  "
-            f"{median(arm, label, 'running_max') or 0:7.0f}  "
+            f"{m['arm']:<8} {m['label']:<12} {m['req_per_s'] or 0:6.1f}  {m['of_base'] or 0:6.2f}  "
+            f"{m['ttft_p50_ms'] or 0:8.0f}  {m['ttft_p99_ms'] or 0:8.0f}  "
+            f"{m['running_mean'] or 0:8.1f}  {m['running_max'] or 0:7.0f}  "
             f"{'-' if loads is None else f'{loads:.2f}':>9}"
         )
     return "\n".join(lines)
+
+
+def window_row(window: dict[str, Any], figures: dict[str, Any]) -> dict[str, Any]:
+    """One window's figures as `medians` takes them (from a run's records, or live)."""
+    summary = window["summary"]
+    return {"arm": window["arm"], "label": window["label"], "round": window["tags"].get("round"),
+            "req_per_s": summary["req_per_s"], "ttft_p50_ms": summary["ttft_ms"]["median"],
+            "ttft_p99_ms": summary["ttft_ms"]["p99"], **figures}

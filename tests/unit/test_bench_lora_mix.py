@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from bench.lora_mix import distinct_adapters, metric_total, mixes, table
+from bench.lora_mix import distinct_adapters, medians, metric_total, mixes, table, window_row
 from server.core.adapter_files import content_digest
 
 
@@ -85,3 +85,21 @@ def test_table_gives_each_mix_its_arms_base_rate_share() -> None:
     assert lines[("vllm", "2-adapters")][3] == "0.50"
     assert lines[("vllm", "2-adapters")][-1] == "-"
     assert lines[("gateway", "2-adapters")][-1] == "0.00"
+
+
+def test_medians_are_over_rounds_and_each_mix_is_shared_against_its_arms_base() -> None:
+    def window(arm: str, label: str, rnd: int, rate: float) -> dict[str, object]:
+        return window_row(
+            {"arm": arm, "label": label, "tags": {"round": rnd},
+             "summary": {"req_per_s": rate, "ttft_ms": {"median": 5.0, "p99": 9.0}}},
+            {"running_mean": 4.0, "running_max": 8.0, "loads_per_request": None},
+        )
+
+    rows = [window("gateway", "base", 0, 100.0), window("gateway", "base", 1, 60.0),
+            window("gateway", "8-adapters", 0, 40.0), window("gateway", "8-adapters", 1, 20.0),
+            window("gateway", "8-adapters", 2, 30.0)]
+    found = {m["label"]: m for m in medians(rows)}
+    assert found["base"]["req_per_s"] == 80.0 and found["base"]["of_base"] == 1.0
+    assert found["8-adapters"]["req_per_s"] == 30.0 and found["8-adapters"]["rounds"] == 3
+    assert found["8-adapters"]["of_base"] == 30.0 / 80.0
+    assert found["8-adapters"]["loads_per_request"] is None
