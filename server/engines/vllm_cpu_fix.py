@@ -10,12 +10,12 @@ fix: vllm-project/vllm PR #48421 (open when written). This module wraps the thre
 It also replaces `PunicaWrapperCPU.add_lora_linear` (every linear layer's LoRA), the cost of
 adapter traffic on CPU: adapter requests batch in the engine exactly as base requests do (same
 steps, same tokens per step), but vLLM's torch ops gather a weight matrix per token and take
-about 20 torch calls per slice, and under two-adapter traffic they were 44 % of the worker's
-model step on the demo model (py-spy). `fused_add_lora_linear` computes every slot's LoRA-A
-product for all of a layer's slices in one matrix multiply and each slice's LoRA-B in one more,
-each token keeping its own slot's columns (33 % of the step after, LoRA work per unit of base
-work 6.0 -> 2.4). Base rows (-1) get nothing added; any other shape or mode goes to vLLM's own
-method (which runs on the wrapped ops above).
+about 20 torch calls per slice, and under two-adapter traffic they were about 49 % of the
+worker's model step on the demo model (py-spy). `fused_add_lora_linear` computes every slot's
+LoRA-A product for all of a layer's slices in one matrix multiply and each slice's LoRA-B in one
+more, each token keeping its own slot's columns (33 % of the step after; LoRA work per unit of
+base matrix work about 5.2 -> 2.6; bench/ANALYSIS.md). Base rows (-1) get nothing added; any
+other shape or mode goes to vLLM's own method (which runs on the wrapped ops above).
 
 How it is loaded: `VllmEngineOptions` names `CpuLoraFix` as vLLM's `worker_extension_cls`, which
 vLLM resolves inside every worker process (where the model runs) before the model is built.
