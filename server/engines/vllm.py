@@ -21,13 +21,12 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
-from server.core.engine import OutputParser
+from server.core.budget import Budget
+from server.core.engine import OutputParser, fit_prompt
 from server.core.errors import (
     AdapterInvalid,
-    ContextLengthExceeded,
     EngineError,
     GatewayError,
-    InvalidRequest,
     LoraDisabled,
     ServiceUnavailable,
     Unsupported,
@@ -42,7 +41,6 @@ from server.core.types import (
     GenerationEvent,
     GenerationRequest,
     ParseSpec,
-    Sampling,
 )
 from server.engines.vllm_errors import adapter_error, first_line, pin_error, to_gateway_error
 from server.engines.vllm_info import engine_info
@@ -120,12 +118,10 @@ class VllmEngine:
         if self._closed:
             raise ServiceUnavailable("the engine is shut down")
         self._check_prompt_logprobs(request)
-        prompt = await self._prepare(request)
-        params = sampling_params(
-            request, self._max_tokens(request.sampling, prompt), self._skips_special(request)
-        )
+        prompt, budget = await self._prepare(request)
+        params = sampling_params(request, budget.max_tokens, self._skips_special(request))
         lora = self._lora_request(adapter)
-        folder = EventFolder(prompt, request)
+        folder = EventFolder(prompt, request, budget.max_tokens)
         completed = False
         self._snapshot.entered(1)
         self._count_adapter(adapter, 1)
@@ -179,72 +175,13 @@ class VllmEngine:
                 param="prompt_logprobs",
             )
 
-    async def _prepare(self, request: GenerationRequest) -> PreparedPrompt:
+    async def _prepare(self, request: GenerationRequest) -> tuple[PreparedPrompt, Budget]:
+        """The prompt as token ids fitted to the context (with its text), and its budget."""
         prompt = await self._prompts.render(request.prompt)
-        prompt = self._truncate(prompt, request.sampling.truncate_prompt_tokens)
-        self._check_prompt_length(len(prompt.token_ids), request.sampling.cut_to_context)
-        return await self._prompts.with_text(prompt)
-
-    def _truncate(self, prompt: PreparedPrompt, limit: int | None) -> PreparedPrompt:
-        """Keep the last `limit` tokens (vLLM truncates generation prompts from the left)."""
-        max_len = self._info.max_model_len
-        if limit is None:
-            return prompt
-        if limit > max_len:
-            raise InvalidRequest(
-                f"truncate_prompt_tokens={limit} cannot be greater than max_model_len = "
-                f"{max_len}. Please request a smaller truncation size.",
-                param="truncate_prompt_tokens",
-            )
-        keep = max_len - 1 if limit < 0 else limit
-        if keep >= len(prompt.token_ids):
-            return prompt
-        return PreparedPrompt(prompt.token_ids[len(prompt.token_ids) - keep :], None)
-
-    def _check_prompt_length(self, prompt_len: int, cut_to_context: bool) -> None:
-        max_len = self._info.max_model_len
-        if prompt_len == 0:
-            raise InvalidRequest("The prompt cannot be empty.", param="prompt")
-        if prompt_len > max_len:
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {max_len} tokens. However, your "
-                f"prompt contains {prompt_len} input tokens, which exceeds this limit even "
-                "without any output tokens. Please reduce the length of the input prompt."
-            )
-        if prompt_len < max_len:
-            return
-        if cut_to_context:  # vLLM's words: no room is a limit of 0
-            raise ContextLengthExceeded("max_tokens must be at least 1, got 0.", param="max_tokens")
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {max_len} tokens. However, your prompt "
-            f"contains {prompt_len} input tokens, which leaves no room for any output tokens. "
-            "Please reduce the length of the input prompt."
-        )
-
-    def _max_tokens(self, sampling: Sampling, prompt: PreparedPrompt) -> int:
-        """The request's limit, else the model's default, cut to the room the prompt leaves.
-        vLLM's OpenAI server refuses only a limit beyond the whole context; the other
-        protocols refuse any limit the prompt leaves no room for."""
-        max_len, prompt_len = self._info.max_model_len, len(prompt.token_ids)
-        room = max_len - prompt_len
-        wanted = sampling.max_new_tokens
-        if wanted is None:
-            default = self._info.defaults.max_new_tokens
-            return room if default is None else min(room, default)
-        if sampling.cut_to_context and wanted > max_len:
-            raise InvalidRequest(
-                f"max_tokens={wanted} cannot be greater than max_model_len={max_len}. Please "
-                "request fewer output tokens.",
-                param="max_tokens",
-            )
-        if not sampling.cut_to_context and wanted > room:
-            raise InvalidRequest(
-                f"'max_tokens' or 'max_completion_tokens' is too large: {wanted}. This model's "
-                f"maximum context length is {max_len} tokens and your request has {prompt_len} "
-                f"input tokens ({wanted} > {max_len} - {prompt_len}).",
-                param="max_tokens",
-            )
-        return min(wanted, room)
+        budget = fit_prompt(request, self._info, len(prompt.token_ids))
+        if budget.keep < len(prompt.token_ids):  # truncated: the kept tail's text is decoded
+            prompt = PreparedPrompt(prompt.token_ids[len(prompt.token_ids) - budget.keep :], None)
+        return await self._prompts.with_text(prompt), budget
 
     def _lora_request(self, adapter: AdapterHandle | None) -> LoRARequest | None:
         if adapter is None:

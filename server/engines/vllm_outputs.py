@@ -37,8 +37,9 @@ _FINISH_REASONS = {
 class EventFolder:
     """Folds vLLM's `RequestOutput`s of one request into the port's events."""
 
-    def __init__(self, prompt: PreparedPrompt, request: GenerationRequest) -> None:
+    def __init__(self, prompt: PreparedPrompt, request: GenerationRequest, max_tokens: int) -> None:
         self._prompt = prompt
+        self._max_tokens = max_tokens
         self._choices = request.sampling.n
         self._top = request.output.logprobs
         self._prompt_top = request.output.prompt_logprobs
@@ -80,6 +81,7 @@ class EventFolder:
             prompt_logprobs=_prompt_logprobs(
                 self._prompt.token_ids, prompt_logprobs, self._prompt_top
             ),
+            max_tokens=self._max_tokens,
         )
 
     def _delta(self, completion: CompletionOutput) -> Delta | None:
