@@ -29,7 +29,7 @@ from server.runtime.ports import bind_port
 from server.runtime.worker_link import mirror_factory
 
 if TYPE_CHECKING:
-    from server.engines.vllm import ClientPlace
+    from server.engines.vllm_launch import ClientPlace
     from server.runtime.process import Listener
     from server.settings import Settings
 
