@@ -88,7 +88,7 @@ image:
 
 # Runs the built image with the demo model and dev certificates mounted (tests/image).
 test-image: install demo certs
-	$(IMAGE_ENV) $(PY) -m pytest -q tests/image
+	IMAGE_REQUIRED=1 $(IMAGE_ENV) $(PY) -m pytest -q tests/image
 
 image-clean:
 	$(IMAGE_ENV) buildah rm --all
