@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -99,7 +99,7 @@ class EventStream:
 
     __slots__ = (
         "_abort", "_cancel_reason", "_cancelled", "_closed", "_done", "_events", "_failure",
-        "_first_token_at", "_gaps", "_last_token_at", "_observer", "_on_close", "_primed",
+        "_first_token_at", "_gaps", "_last_token_at", "_next", "_observer", "_on_close", "_primed",
         "_raise_next", "_started_at", "_timer", "_unreported", "_usage", "_wait", "adapter",
         "engine_id", "request",
     )
@@ -119,6 +119,7 @@ class EventStream:
         self.engine_id = engine_id  # the engine's id of this request (unique per process)
         self.adapter = adapter
         self._events = events
+        self._next = events.__anext__  # looked up once: it runs per event
         self._abort = abort
         self._observer = observer
         self._on_close = on_close
@@ -141,12 +142,24 @@ class EventStream:
     def __aiter__(self) -> EventStream:
         return self
 
-    async def __anext__(self) -> GenerationEvent:
+    def __anext__(self) -> Awaitable[GenerationEvent]:
+        # not a coroutine itself: it hands out `_pull()`, one coroutine frame per event, not two
         if self._primed:
-            return self._primed.popleft()
+            ready = asyncio.get_running_loop().create_future()
+            ready.set_result(self._primed.popleft())
+            return ready
         if self._done:
             raise StopAsyncIteration
-        return await self._pull()
+        if self._raise_next:  # the cancel reason, after the output produced before it
+            self._done = True
+            assert self._cancel_reason is not None
+            raise self._cancel_reason
+        return self._pull()
+
+    @property
+    def finished(self) -> bool:
+        """The engine's events ended (well or not): closing now needs no wait on the engine."""
+        return self._done and not self._primed
 
     async def prime(self) -> None:
         """Pull events until the first one after `Started`, so early failures raise here."""
@@ -158,19 +171,15 @@ class EventStream:
                     self._wait = None  # the headers go now: later tokens are not measured
                 return
 
-    async def _pull(self) -> GenerationEvent:
-        if self._raise_next:
-            self._done = True
-            assert self._cancel_reason is not None
-            raise self._cancel_reason
+    async def _pull(self) -> GenerationEvent:  # noqa: C901, PLR0912 - token path inlined
         wait = self._wait
         try:
             if wait is None:
-                event = await self._events.__anext__()
+                event = await self._next()
             else:
                 wait.enter()
                 try:
-                    event = await self._events.__anext__()
+                    event = await self._next()
                 finally:
                     wait.leave()
         except StopAsyncIteration:
@@ -182,11 +191,20 @@ class EventStream:
             self._done = True
             self._failure = exc
             raise
-        if type(event) is Delta:  # the per-token path: kept short
+        if type(event) is Delta:  # the per-token path: kept short, no call but the clock's
             if self._cancel_reason is not None and event.finish is not None:
                 return self._end_cancelled(event)
             if event.token_ids and self.request.stream:
-                self._observe_tokens(time.monotonic())
+                now = time.monotonic()
+                last = self._last_token_at
+                if last is None:
+                    self._first_token(now)
+                else:
+                    self._gaps += 1
+                    self._unreported.append(now - last)
+                    if len(self._unreported) >= GAP_BATCH:
+                        self._report_gaps()
+                self._last_token_at = now
             return event
         if isinstance(event, Done):
             self._end(event)
@@ -202,16 +220,9 @@ class EventStream:
         self._raise_next = True
         return replace(delta, finish=None, matched_stop=None)
 
-    def _observe_tokens(self, now: float) -> None:
-        if self._last_token_at is None:
-            self._first_token_at = now
-            self._observer.first_token(self.request, now - self._started_at)
-        else:
-            self._gaps += 1
-            self._unreported.append(now - self._last_token_at)
-            if len(self._unreported) >= GAP_BATCH:
-                self._report_gaps()
-        self._last_token_at = now
+    def _first_token(self, now: float) -> None:
+        self._first_token_at = now
+        self._observer.first_token(self.request, now - self._started_at)
 
     def _report_gaps(self) -> None:
         if self._unreported:
