@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
@@ -15,6 +16,7 @@ from typing import Protocol
 
 from server.core.errors import DeadlineExceeded, GatewayError
 from server.core.overhead import engine_wait_var
+from server.core.timers import DelayQueue
 from server.core.types import (
     AdapterHandle,
     Delta,
@@ -98,10 +100,10 @@ class EventStream:
     """
 
     __slots__ = (
-        "_abort", "_cancel_reason", "_cancelled", "_closed", "_done", "_events", "_failure",
-        "_first_token_at", "_gaps", "_last_token_at", "_next", "_observer", "_on_close", "_primed",
-        "_raise_next", "_started_at", "_timer", "_unreported", "_usage", "_wait", "adapter",
-        "engine_id", "request",
+        "__weakref__", "_abort", "_cancel_reason", "_cancelled", "_closed", "_done", "_events",
+        "_failure", "_first_token_at", "_gaps", "_last_token_at", "_next", "_observer",
+        "_on_close", "_primed", "_raise_next", "_started_at", "_timer", "_unreported", "_usage",
+        "_wait", "adapter", "engine_id", "request",
     )
 
     def __init__(  # noqa: PLR0913 - the request, its events and the hooks around them
@@ -145,9 +147,7 @@ class EventStream:
     def __anext__(self) -> Awaitable[GenerationEvent]:
         # not a coroutine itself: it hands out `_pull()`, one coroutine frame per event, not two
         if self._primed:
-            ready = asyncio.get_running_loop().create_future()
-            ready.set_result(self._primed.popleft())
-            return ready
+            return self._next_primed()
         if self._done:
             raise StopAsyncIteration
         if self._raise_next:  # the cancel reason, after the output produced before it
@@ -155,6 +155,9 @@ class EventStream:
             assert self._cancel_reason is not None
             raise self._cancel_reason
         return self._pull()
+
+    async def _next_primed(self) -> GenerationEvent:
+        return self._primed.popleft()
 
     @property
     def finished(self) -> bool:
@@ -261,13 +264,19 @@ class EventStream:
         asyncio.get_running_loop().create_task(self._abort())
 
     def arm_deadline(self, timeout_s: float | None) -> None:
+        """A timer of the stream's own (`Deadlines` keeps the service's default one)."""
         if timeout_s:
             loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(timeout_s, self._expire, timeout_s)
+            self._timer = loop.call_later(timeout_s, self.expire, timeout_s)
 
-    def _expire(self, timeout_s: float) -> None:
+    def expire(self, timeout_s: float) -> None:
+        """The deadline passed: end the request with `DeadlineExceeded` (if still running)."""
         # The error is built only when a deadline fires, not on every request's hot path.
         self.cancel(DeadlineExceeded(f"Request exceeded its deadline of {timeout_s:g} s"))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     async def aclose(self) -> None:
         if self._closed:
@@ -307,3 +316,32 @@ class EventStream:
             first_token_s=None if first is None else first - self._started_at,
             mean_token_gap_s=gap,
         )
+
+
+class Deadlines:
+    """The default request deadline of many streams on one loop timer (`DelayQueue`), each
+    stream held weakly; a request with a timeout of its own arms its own timer instead."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self._queue: DelayQueue[weakref.ref[EventStream]] = DelayQueue(timeout_s, self._due)
+        self._tidy_at = TIDY_AT
+
+    def add(self, stream: EventStream) -> None:
+        queue = self._queue
+        queue.add(weakref.ref(stream))
+        if len(queue) > self._tidy_at:  # closed requests wait for nothing: forget them
+            queue.drop(_still_open)
+            self._tidy_at = 2 * len(queue) + TIDY_AT
+
+    def _due(self, ref: weakref.ref[EventStream]) -> None:
+        stream = ref()
+        if stream is not None:
+            stream.expire(self._queue.delay_s)
+
+
+TIDY_AT = 64  # waiting deadlines beyond twice the open ones (plus this) are tidied
+
+
+def _still_open(ref: weakref.ref[EventStream]) -> bool:
+    stream = ref()
+    return stream is not None and not stream.closed

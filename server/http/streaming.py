@@ -81,7 +81,7 @@ class EventStreamAnswer:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         producer = asyncio.current_task()
         assert producer is not None
-        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, producer))
+        watcher = producer.get_loop().create_task(_watch_disconnect(receive, producer))
         ok = False
         try:
             await send(
