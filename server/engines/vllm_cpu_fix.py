@@ -14,12 +14,15 @@ about 20 torch calls per slice, and under two-adapter traffic they were about 49
 worker's model step on the demo model (py-spy). `fused_add_lora_linear` computes every slot's
 LoRA-A product for all of a layer's slices in one matrix multiply and each slice's LoRA-B in one
 more, each token keeping its own slot's columns (33 % of the step after; LoRA work per unit of
-base matrix work about 5.2 -> 2.6; bench/ANALYSIS.md). Base rows (-1) get nothing added; any
-other shape or mode goes to vLLM's own method (which runs on the wrapped ops above).
+base matrix work about 5.2 -> 2.6; bench/ANALYSIS.md). The embedding and logits LoRA
+(`add_lora_embedding`, `add_lora_logits`) are done the same way, and the per-step
+`update_metadata` maps slots in one list pass and leaves the prefill run metadata, which only
+vLLM's own methods read, until it is read. Base rows (-1) get nothing added; any other shape or
+mode goes to vLLM's own method (which runs on the wrapped ops above).
 
 How it is loaded: `VllmEngineOptions` names `CpuLoraFix` as vLLM's `worker_extension_cls`, which
 vLLM resolves inside every worker process (where the model runs) before the model is built.
-Resolving that name (module `__getattr__`) installs the wrappers and the fused method there;
+Resolving that name (module `__getattr__`) installs the wrappers and the fused methods there;
 importing the module has no effect, and the gateway's own process never resolves it. vLLM and
 torch are imported by name at run time so that only the engine adapter depends on vLLM
 statically.
