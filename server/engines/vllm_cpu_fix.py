@@ -110,7 +110,7 @@ def fused_add_lora_embedding(
     if wrapper.no_lora:
         return
     torch = importlib.import_module("torch")
-    _Rows(torch, indices).expand_into(y, x, lora_b_stacked, 0, y.shape[1])
+    _Rows(torch, indices).expand_into(y, x, lora_b_stacked, 0, _common(y, lora_b_stacked))
 
 
 def fused_add_lora_logits(
@@ -134,7 +134,13 @@ def fused_add_lora_logits(
         return
     rows = _Rows(torch, indices)
     rows.expand_into(y_rows, rows.shrink(x_rows, lora_a_stacked, scale), lora_b_stacked, 0,
-                     y_rows.shape[1])
+                     _common(y_rows, lora_b_stacked))
+
+
+def _common(y: Any, weights_b: Any) -> int:
+    """How many of y's columns vLLM's expand adds to: the adapter's outputs and the layer's
+    may be padded differently (e.g. the logits to the padded vocabulary), so the common part."""
+    return min(int(weights_b.shape[2]), int(y.shape[1]))
 
 
 class _Rows:
@@ -240,14 +246,12 @@ def _plain(
 def _plain_expand(
     y: Any, x: Any, indices: Any, lora_b_stacked: Any, *, inputs_are_rank: bool = True
 ) -> bool:
-    """One row of x and y and one index per row; B of slots x 1 x out x rank with exactly y's
-    width of outputs (vLLM adds only the common part of a padded one: left to it); x of
-    rank columns (or any, for the logits' input)."""
+    """One row of x and y and one index per row; B of slots x 1 x out x rank; x of rank
+    columns (or any, for the logits' input)."""
     if x.dim() != 2 or y.dim() != 2 or not x.shape[0] == y.shape[0] == indices.shape[0]:
         return False
     shape = tuple(lora_b_stacked.shape)
-    return (len(shape) == 4 and shape[1] == 1 and shape[2] == y.shape[1]
-            and (not inputs_are_rank or shape[3] == x.shape[1]))
+    return len(shape) == 4 and shape[1] == 1 and (not inputs_are_rank or shape[3] == x.shape[1])
 
 
 _STALE = "_gateway_prefill_metadata_stale"

@@ -167,11 +167,12 @@ def embedding_case(tokens: int, slots: int, width: int = HIDDEN) -> tuple[Any, A
 
 @pytest.mark.usefixtures("fixed_ops")
 @pytest.mark.parametrize("indices", INDEX_CASES)
-@pytest.mark.parametrize("slots", [2, 3])
+@pytest.mark.parametrize(("slots", "width"), [(2, HIDDEN), (3, HIDDEN), (2, HIDDEN + 2),
+                                              (2, HIDDEN - 2)])  # vLLM adds the common part
 def test_fused_embedding_lora_adds_what_vllms_fixed_wrapper_adds(
-    indices: list[int], slots: int
+    indices: list[int], slots: int, width: int
 ) -> None:
-    x, b, y = embedding_case(len(indices), slots)
+    x, b, y = embedding_case(len(indices), slots, width)
     wrapper = punica(indices)
     expected, fused = y.clone(), y.clone()
     vllms(wrapper, "add_lora_embedding")(wrapper, expected, x, b, add_input=True)  # vLLM's call
@@ -186,8 +187,7 @@ def test_fused_embedding_lora_leaves_other_modes_to_vllm(monkeypatch: pytest.Mon
     wrapper = punica([0, 1, -1, 1])
     calls = calls_to_vllm(monkeypatch)
     cpu_fix.fused_add_lora_embedding(wrapper, y, x, b, add_inputs=False)  # assignment
-    padded = embedding_case(4, 2, HIDDEN + 2)[1]
-    cpu_fix.fused_add_lora_embedding(wrapper, y, x, padded)  # vLLM adds only the common part
+    cpu_fix.fused_add_lora_embedding(wrapper, y, x[:, :-1], b)  # ranks disagree
     wrapper.is_prefill = False
     cpu_fix.fused_add_lora_embedding(wrapper, y, x, b)
     assert calls == ["add_lora_embedding"] * 3
@@ -198,12 +198,13 @@ def test_fused_embedding_lora_leaves_other_modes_to_vllm(monkeypatch: pytest.Mon
 VOCAB = 11
 
 
-def logits_case(rows: int, slots: int) -> tuple[Any, Any, Any, Any]:
+def logits_case(rows: int, slots: int, padded: int = VOCAB) -> tuple[Any, Any, Any, Any]:
+    """Logits of `padded` columns (the head's padded vocabulary), B of VOCAB outputs."""
     gen = torch.Generator().manual_seed(rows * 5 + slots)
     x = torch.randn(rows, HIDDEN, generator=gen)
     a = torch.randn(slots, 1, RANK, HIDDEN, generator=gen)
     b = torch.randn(slots, 1, VOCAB, RANK, generator=gen)
-    return x, a, b, torch.randn(rows, VOCAB, generator=gen)
+    return x, a, b, torch.randn(rows, padded, generator=gen)
 
 
 def sampling(wrapper: Any, rows: list[int]) -> Any:
@@ -215,11 +216,11 @@ def sampling(wrapper: Any, rows: list[int]) -> Any:
 
 @pytest.mark.usefixtures("fixed_ops")
 @pytest.mark.parametrize("rows", [*INDEX_CASES, [1, -1, 0]])
-@pytest.mark.parametrize("scale", [1.0, 0.5])
+@pytest.mark.parametrize(("scale", "padded"), [(1.0, VOCAB), (0.5, VOCAB), (1.0, VOCAB + 5)])
 def test_fused_logits_lora_adds_what_vllms_fixed_wrapper_adds(
-    rows: list[int], scale: float
+    rows: list[int], scale: float, padded: int
 ) -> None:
-    x, a, b, y = logits_case(len(rows), 2)
+    x, a, b, y = logits_case(len(rows), 2, padded)
     wrapper = sampling(punica([0] * 9), rows)  # more tokens than sampled rows, as in a prefill
     expected, fused = y.clone(), y.clone()
     vllms(wrapper, "add_lora_logits")(wrapper, expected, x, a, b, scale)
@@ -234,7 +235,7 @@ def test_fused_logits_lora_leaves_other_shapes_to_vllm(monkeypatch: pytest.Monke
     wrapper = sampling(punica([0, 1, 1]), [0, 1, -1])
     calls = calls_to_vllm(monkeypatch)
     cpu_fix.fused_add_lora_logits(wrapper, y, x, a, b, 1.0, buffer=torch.zeros(3, RANK))
-    cpu_fix.fused_add_lora_logits(wrapper, y[:, :-1], x, a, b, 1.0)  # padded vocab in B
+    cpu_fix.fused_add_lora_logits(wrapper, y[:2], x[:2], a, b, 1.0)  # fewer rows than indices
     cpu_fix.fused_add_lora_logits(wrapper, y, x, a[:, :, :-1], b, 1.0)  # ranks disagree
     assert calls == ["add_lora_logits"] * 3
 
