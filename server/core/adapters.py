@@ -202,10 +202,12 @@ class AdapterLimits:
 
 
 class AdapterRegistry:
-    def __init__(
+    def __init__(  # noqa: PLR0913 - its parts, all passed in when built
         self, *, engine: Engine, rules: AdapterRules, limits: AdapterLimits,
         state_file: Path | None = None,
         fetcher: AdapterFetcher | None = None,
+        composition: Composition | None = None,
+        on_change: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._engine = engine
         self._fetcher = fetcher  # brings remote sources (s3://, https://, hf://) to local folders
@@ -228,8 +230,8 @@ class AdapterRegistry:
         self._tasks: set[asyncio.Task[None]] = set()
         # awaited after every change of names, sources, pins or refusals, before the change is
         # answered: how the other worker processes see it (server.runtime.worker_link.py)
-        self.on_change: Callable[[], Awaitable[None]] | None = None
-        self.composition: Composition | None = None  # set when requests may compose adapters
+        self.on_change = on_change
+        self.composition = composition  # None: requests may not compose adapters
 
     # ---- queries ---------------------------------------------------------------------------
     def names(self) -> list[str]:
