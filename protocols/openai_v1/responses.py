@@ -26,7 +26,8 @@ from protocols.common.tools import ChoiceReader, Function, Mode, ToolPlan, check
 from protocols.common.unserved import refuse_unserved
 from protocols.openai_v1 import schema, unserved
 from protocols.openai_v1.errors import ResponseNotFound, status_and_type
-from protocols.openai_v1.translate import TEXT_PART_TYPES, vllm_structured
+from protocols.openai_v1.requests import TEXT_PART_TYPES
+from protocols.openai_v1.structured import vllm_structured
 from server.core.engine import OutputParser
 from server.core.errors import GatewayError, InvalidRequest, Unsupported
 from server.core.peers import Peers

@@ -20,7 +20,18 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from protocols.common.chat import response_model
 from protocols.common.sagemaker import selectors as sagemaker_selectors
 from protocols.common.tools import ChoiceReader
-from protocols.openai_v1 import errors, responses, schema, tools, translate
+from protocols.openai_v1 import (
+    chat_replies,
+    completion_replies,
+    errors,
+    models,
+    replies,
+    requests,
+    responses,
+    schema,
+    tokenizer,
+    tools,
+)
 from server.core.batch import BatchStream
 from server.core.engine import OutputParser
 from server.core.errors import (
@@ -52,6 +63,7 @@ from server.http.streaming import EventStreamAnswer
 ModelT = TypeVar("ModelT", bound=BaseModel)
 SSE_MEDIA_TYPE = "text/event-stream; charset=utf-8"  # as vLLM's StreamingResponse
 NAME = "openai"
+ChunkEncoder = chat_replies.ChatStreamEncoder | completion_replies.CompletionStreamEncoder
 # Shared with DJL's LMI bodies; DJL's adapter selectors apply there (protocols/common/sagemaker.py).
 SAGEMAKER_PATHS = ("/invocations", "/predictions/{model}", "/predictions/{model}/{version}")
 
@@ -109,7 +121,7 @@ def _tokenize_body(data: object) -> bool:
 class _Sse:
     """OpenAI's stream framing around a chunk encoder: in-band errors, then `[DONE]`."""
 
-    def __init__(self, encoder: translate.ChatStreamEncoder | translate.CompletionStreamEncoder):
+    def __init__(self, encoder: ChunkEncoder):
         self._encoder = encoder
 
     def encode(self, event: GenerationEvent) -> bytes:
@@ -124,7 +136,7 @@ class _Sse:
 
 def _sse(
     events: EventStream | BatchStream,
-    encoder: translate.ChatStreamEncoder | translate.CompletionStreamEncoder,
+    encoder: ChunkEncoder,
 ) -> Answer:
     return EventStreamAnswer(events, _Sse(encoder), media_type=SSE_MEDIA_TYPE)
 
@@ -137,18 +149,18 @@ def chat_completions(ctx: ProtocolContext, *, sagemaker: bool = False) -> Endpoi
         body = await _body(request, ctx, schema.ChatCompletionRequest, sagemaker=sagemaker)
         info = service.info()
         plan = tools.chat_plan(body, tool_call_parser=info.tool_call_parser)
-        gen = translate.chat_request(
+        gen = requests.chat_request(
             body, request_id=_request_id(request, body), bounds=ctx.bounds, plan=plan,
             defaults=info.defaults, parse=info.reasoning_parser is not None,
         )
-        view = translate.ChatView.of(
+        view = chat_replies.ChatView.of(
             body, _meta(service, "chatcmpl", gen), tools=plan, parser=_parser(service, gen),
             parsed=gen.parse is not None,
         )
         if gen.stream:
-            return _sse(await service.start(gen), translate.ChatStreamEncoder(view))
+            return _sse(await service.start(gen), chat_replies.ChatStreamEncoder(view))
         result = await until_disconnect(request, service.generate(gen))
-        return json_response(translate.chat_response(result, view))
+        return json_response(chat_replies.chat_response(result, view))
 
     return create_chat_completion
 
@@ -159,20 +171,20 @@ def completions(ctx: ProtocolContext, *, sagemaker: bool = False) -> Endpoint:
 
     async def create_completion(request: Request) -> Answer:
         body = await _body(request, ctx, schema.CompletionRequest, sagemaker=sagemaker)
-        gens = translate.completion_requests(
+        gens = requests.completion_requests(
             body, request_id=_request_id(request, body), bounds=ctx.bounds,
             defaults=service.defaults(),
         )
         prompts = [g.prompt for g in gens] if body.echo else []
-        view = translate.CompletionView.of(
+        view = completion_replies.CompletionView.of(
             body, _meta(service, "cmpl", gens[0]), prompts=prompts,
             token_texts=service.token_texts,
         )
         if body.stream:
             events = await _start(service, gens)
-            return _sse(events, translate.CompletionStreamEncoder(view))
+            return _sse(events, completion_replies.CompletionStreamEncoder(view))
         result = await until_disconnect(request, _generate(service, gens))
-        return json_response(translate.completion_response(result, view))
+        return json_response(completion_replies.completion_response(result, view))
 
     return create_completion
 
@@ -278,7 +290,7 @@ def list_models(ctx: ProtocolContext) -> Endpoint:
             roots = {r.name: r.src for r in service.adapters.records()}
             roots.update(dict.fromkeys(_base_names(service), info.model_path))
         return json_response(
-            translate.model_list(
+            models.model_list(
                 _base_names(service),
                 service.adapters.names(),
                 created=ctx.created,
@@ -297,7 +309,7 @@ def retrieve_model(ctx: ProtocolContext) -> Endpoint:
         name = request.path_params["model"]
         service.require_model(name)
         parent = None if name in service.base_names else service.served_name
-        return json_response(translate.model_object(name, created=ctx.created, parent=parent))
+        return json_response(models.model_object(name, created=ctx.created, parent=parent))
 
     return show_model
 
@@ -373,7 +385,7 @@ def tokenize(ctx: ProtocolContext) -> Endpoint:
         text: str | ChatPrompt
         if isinstance(data, dict) and "messages" in data:
             body = _parse(schema.TokenizeChatRequest, data)
-            text = translate.chat_prompt(body)
+            text = requests.chat_prompt(body)
         else:
             body = _parse(schema.TokenizeCompletionRequest, data)
             text = body.prompt
@@ -382,7 +394,7 @@ def tokenize(ctx: ProtocolContext) -> Endpoint:
         strs = service.token_texts(ids) if body.return_token_strs else None
         max_len = service.info().max_model_len
         return json_response(
-            translate.tokenize_response(ids, max_model_len=max_len, token_strs=strs)
+            tokenizer.tokenize_response(ids, max_model_len=max_len, token_strs=strs)
         )
 
     return tokenize_text
@@ -489,9 +501,9 @@ def _request_id(
     return request_id_header(request) or body.request_id or current_request_id()
 
 
-def _meta(service: InferenceService, prefix: str, gen: GenerationRequest) -> translate.ReplyMeta:
+def _meta(service: InferenceService, prefix: str, gen: GenerationRequest) -> replies.ReplyMeta:
     model = response_model(gen.model, service.base_names, service.served_name)
-    return translate.ReplyMeta(
+    return replies.ReplyMeta(
         id=f"{prefix}-{gen.request_id}", created=int(time.time()), model=model
     )
 

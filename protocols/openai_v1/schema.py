@@ -2,7 +2,8 @@
 
 Field names, types and defaults follow vLLM's `ChatCompletionRequest`, `CompletionRequest`,
 `LoadLoRAAdapterRequest`, `TokenizeRequest` (PROTOCOLS.md §2). Unknown fields are ignored, as
-vLLM does. Responses are plain dicts built in `translate.py` (no pydantic on the hot path).
+vLLM does. Responses are plain dicts (`chat_replies.py`, `completion_replies.py`, `models.py`,
+`tokenizer.py`; no pydantic on the hot path).
 """
 
 from __future__ import annotations

@@ -414,35 +414,35 @@ OBJECT_TEXT = '{"type":"object","properties":{}}'
     ],
 )
 def test_tgi_response_formats_on_chat(fmt: dict[str, Any], field: str, value: str) -> None:
-    from protocols.openai_v1 import translate
+    from protocols.openai_v1.structured import to_structured
 
     body = schema.ChatCompletionRequest.model_validate(
         {"messages": MESSAGES, "response_format": fmt}
     )
-    structured = translate.to_structured(body)
+    structured = to_structured(body)
     assert structured is not None and getattr(structured, field) == value
 
 
 def test_a_tgi_response_format_gets_the_tgi_routers_schema_checks() -> None:
-    from protocols.openai_v1 import translate
+    from protocols.openai_v1.structured import to_structured
 
     body = schema.ChatCompletionRequest.model_validate(
         {"messages": MESSAGES, "response_format": {"type": "json", "value": {"type": "object"}}}
     )
     with pytest.raises(InvalidRequest) as caught:
-        translate.to_structured(body)
+        to_structured(body)
     assert caught.value.message == "grammar is not valid: Grammar must have a 'properties' field"
     assert caught.value.param == "response_format"
 
 
 def test_a_bad_tgi_response_format_names_the_field() -> None:
-    from protocols.openai_v1 import translate
+    from protocols.openai_v1.structured import to_structured
 
     body = schema.ChatCompletionRequest.model_validate(
         {"messages": MESSAGES, "response_format": {"type": "json", "value": [1]}}
     )
     with pytest.raises(InvalidRequest) as caught:
-        translate.to_structured(body)
+        to_structured(body)
     assert caught.value.param == "response_format"
 
 

@@ -17,7 +17,17 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from protocols.common.chat import response_model
-from protocols.openai_v1 import errors, routes, schema, translate
+from protocols.openai_v1 import errors, routes, schema
+from protocols.openai_v1.chat_replies import ChatStreamEncoder, ChatView, chat_response
+from protocols.openai_v1.completion_replies import (
+    CompletionStreamEncoder,
+    CompletionView,
+    completion_response,
+)
+from protocols.openai_v1.models import model_list
+from protocols.openai_v1.replies import ChunkWriter, ReplyMeta, StreamUsage
+from protocols.openai_v1.requests import chat_request, completion_requests
+from protocols.openai_v1.structured import to_structured
 from server.core.adapter_files import AdapterRules
 from server.core.adapters import AdapterLimits, AdapterRegistry
 from server.core.errors import (
@@ -58,8 +68,8 @@ from tests.unit.demo_kit import write_adapter
 from tests.unit.gateway_kit import routes_app
 
 BOUNDS = RequestBounds(max_n=4, max_stop_sequences=2, max_logprobs=5, max_prompts=3)
-META = translate.ReplyMeta(id="chatcmpl-abc", created=1730000000, model="a1")
-CMPL_META = translate.ReplyMeta(id="cmpl-abc", created=1730000000, model="tiny")
+META = ReplyMeta(id="chatcmpl-abc", created=1730000000, model="a1")
+CMPL_META = ReplyMeta(id="cmpl-abc", created=1730000000, model="tiny")
 
 
 def chat_body(**fields: Any) -> schema.ChatCompletionRequest:
@@ -90,7 +100,7 @@ def events_of(*events: GenerationEvent) -> list[GenerationEvent]:
 
 
 def test_chat_defaults_follow_vllm() -> None:
-    gen = translate.chat_request(chat_body(), request_id="r1", bounds=BOUNDS)
+    gen = chat_request(chat_body(), request_id="r1", bounds=BOUNDS)
     assert gen.request_id == "r1"
     assert gen.model == ""
     assert gen.sampling.max_new_tokens is None  # remaining context
@@ -102,7 +112,7 @@ def test_chat_defaults_follow_vllm() -> None:
 
 
 def test_chat_max_completion_tokens_wins_over_max_tokens() -> None:
-    gen = translate.chat_request(
+    gen = chat_request(
         chat_body(max_tokens=7, max_completion_tokens=3), request_id="r", bounds=BOUNDS
     )
     assert gen.sampling.max_new_tokens == 3
@@ -127,7 +137,7 @@ def test_chat_vllm_extras_reach_sampling() -> None:
         stop="END",
         logit_bias={"5": 250.0},
     )
-    gen = translate.chat_request(body, request_id="r", bounds=BOUNDS)
+    gen = chat_request(body, request_id="r", bounds=BOUNDS)
     s = gen.sampling
     assert (s.top_k, s.min_p, s.repetition_penalty, s.min_new_tokens) == (5, 0.1, 1.2, 2)
     assert s.ignore_eos and s.include_stop_str_in_output and not s.skip_special_tokens
@@ -144,14 +154,14 @@ def test_chat_vllm_extras_reach_sampling() -> None:
 
 def test_chat_text_parts_are_joined_and_images_refused() -> None:
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
-    gen = translate.chat_request(
+    gen = chat_request(
         chat_body(messages=[{"role": "user", "content": parts}]), request_id="r", bounds=BOUNDS
     )
     assert isinstance(gen.prompt, ChatPrompt)
     assert gen.prompt.messages[0].content == "a\nb"
     image = [{"type": "image_url", "image_url": {"url": "http://x"}}]
     with pytest.raises(Unsupported) as info:
-        translate.chat_request(
+        chat_request(
             chat_body(messages=[{"role": "user", "content": image}]), request_id="r", bounds=BOUNDS
         )
     assert info.value.param == "messages.0.content"
@@ -185,13 +195,13 @@ def test_chat_text_parts_are_joined_and_images_refused() -> None:
 )
 def test_chat_refusals_name_the_param(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as info:
-        translate.chat_request(chat_body(**fields), request_id="r", bounds=BOUNDS)
+        chat_request(chat_body(**fields), request_id="r", bounds=BOUNDS)
     assert info.value.param == param
 
 
 def test_chat_template_kwargs_scalars_pass() -> None:
     kwargs = {"enable_thinking": False, "name": "x", "level": 2, "nothing": None}
-    gen = translate.chat_request(
+    gen = chat_request(
         chat_body(chat_template_kwargs=kwargs), request_id="r", bounds=BOUNDS
     )
     assert isinstance(gen.prompt, ChatPrompt)
@@ -200,10 +210,10 @@ def test_chat_template_kwargs_scalars_pass() -> None:
 
 def test_continue_final_message_excludes_generation_prompt() -> None:
     with pytest.raises(InvalidRequest):
-        translate.chat_request(
+        chat_request(
             chat_body(continue_final_message=True), request_id="r", bounds=BOUNDS
         )
-    gen = translate.chat_request(
+    gen = chat_request(
         chat_body(continue_final_message=True, add_generation_prompt=False),
         request_id="r",
         bounds=BOUNDS,
@@ -222,7 +232,7 @@ def test_continue_final_message_excludes_generation_prompt() -> None:
     ],
 )
 def test_completion_prompt_forms(prompt: Any, expected: list[Any]) -> None:
-    gens = translate.completion_requests(
+    gens = completion_requests(
         completion_body(prompt=prompt), request_id="r", bounds=BOUNDS
     )
     assert [g.prompt for g in gens] == expected
@@ -231,12 +241,12 @@ def test_completion_prompt_forms(prompt: Any, expected: list[Any]) -> None:
 
 def test_completion_max_tokens_defaults_to_16_also_when_null() -> None:
     for body in (completion_body(), completion_body(max_tokens=None)):
-        (gen,) = translate.completion_requests(body, request_id="r", bounds=BOUNDS)
+        (gen,) = completion_requests(body, request_id="r", bounds=BOUNDS)
         assert gen.sampling.max_new_tokens == 16
 
 
 def test_completion_echo_with_logprobs_asks_prompt_logprobs() -> None:
-    (gen,) = translate.completion_requests(
+    (gen,) = completion_requests(
         completion_body(echo=True, logprobs=2), request_id="r", bounds=BOUNDS
     )
     assert (gen.output.logprobs, gen.output.prompt_logprobs) == (2, 2)
@@ -257,7 +267,7 @@ def test_completion_echo_with_logprobs_asks_prompt_logprobs() -> None:
 )
 def test_completion_refusals_name_the_param(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as info:
-        translate.completion_requests(completion_body(**fields), request_id="r", bounds=BOUNDS)
+        completion_requests(completion_body(**fields), request_id="r", bounds=BOUNDS)
     assert info.value.param == param
 
 
@@ -289,8 +299,8 @@ def encode_all(encoder: Any, events: list[Any]) -> list[Any]:
 
 def test_chat_stream_matches_vllm_chunk_sequence() -> None:
     """Chunk for chunk what vLLM 0.32's own server sent for the same request (captured)."""
-    view = translate.ChatView(meta=META, usage=translate.StreamUsage(include=True))
-    chunks = encode_all(translate.ChatStreamEncoder(view), chat_events())
+    view = ChatView(meta=META, usage=StreamUsage(include=True))
+    chunks = encode_all(ChatStreamEncoder(view), chat_events())
     head = {
         "id": "chatcmpl-abc",
         "object": "chat.completion.chunk",
@@ -352,7 +362,7 @@ def test_chat_stream_lone_end_is_an_empty_finish_chunk() -> None:
         Delta(choice=0, text="lo", token_ids=(11,)),
         Delta(choice=0, text="", finish=FinishReason.STOP, matched_stop="\n"),
     ]
-    chunks = encode_all(translate.ChatStreamEncoder(translate.ChatView(meta=META)), events)
+    chunks = encode_all(ChatStreamEncoder(ChatView(meta=META)), events)
     assert chunks[-1]["choices"] == [
         {
             "index": 0,
@@ -366,16 +376,16 @@ def test_chat_stream_lone_end_is_an_empty_finish_chunk() -> None:
 
 
 def test_chat_stream_without_include_usage_has_no_usage_chunk() -> None:
-    chunks = encode_all(translate.ChatStreamEncoder(translate.ChatView(meta=META)), chat_events())
+    chunks = encode_all(ChatStreamEncoder(ChatView(meta=META)), chat_events())
     assert len(chunks) == 3  # role, "Hel", "lo" with its finish
     assert all(c["choices"] for c in chunks)
 
 
 def test_chat_stream_continuous_usage_counts_per_choice() -> None:
-    view = translate.ChatView(
-        meta=META, n=2, usage=translate.StreamUsage(include=True, continuous=True)
+    view = ChatView(
+        meta=META, n=2, usage=StreamUsage(include=True, continuous=True)
     )
-    chunks = encode_all(translate.ChatStreamEncoder(view), chat_events(n=2))
+    chunks = encode_all(ChatStreamEncoder(view), chat_events(n=2))
     role_chunks = chunks[:2]
     assert [c["choices"][0]["index"] for c in role_chunks] == [0, 1]
     assert all(c["usage"]["completion_tokens"] == 0 for c in role_chunks)
@@ -394,8 +404,8 @@ def test_chat_stream_logprobs_and_echo() -> None:
             TopLogprob(token_id=12, token="He", logprob=float("-inf")),
         ),
     )
-    view = translate.ChatView(meta=META, logprobs=True, echo_prefix="Sure: ")
-    encoder = translate.ChatStreamEncoder(view)
+    view = ChatView(meta=META, logprobs=True, echo_prefix="Sure: ")
+    encoder = ChatStreamEncoder(view)
     chunks = encode_all(
         encoder,
         [
@@ -433,7 +443,7 @@ def chat_result(n: int = 1) -> GenerationResult:
 
 
 def test_chat_response_has_every_vllm_field() -> None:
-    body = translate.chat_response(chat_result(), translate.ChatView(meta=META))
+    body = chat_response(chat_result(), ChatView(meta=META))
     assert body == {
         "id": "chatcmpl-abc",
         "object": "chat.completion",
@@ -478,10 +488,10 @@ def test_chat_echo_prefixes_last_assistant_message() -> None:
         echo=True,
         messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "A: "}],
     )
-    view = translate.ChatView.of(body, META)
-    response = translate.chat_response(chat_result(), view)
+    view = ChatView.of(body, META)
+    response = chat_response(chat_result(), view)
     assert response["choices"][0]["message"]["content"] == "A: Hello"
-    assert translate.ChatView.of(chat_body(echo=True), META).echo_prefix == ""
+    assert ChatView.of(chat_body(echo=True), META).echo_prefix == ""
 
 
 # ---- outbound: completions --------------------------------------------------------------------
@@ -495,7 +505,7 @@ def test_completion_response_has_every_vllm_field() -> None:
         choices=(Choice(index=0, text=" x", finish_reason=FinishReason.STOP, matched_stop=2),),
         usage=Usage(prompt_tokens=1, completion_tokens=1),
     )
-    body = translate.completion_response(result, translate.CompletionView(meta=CMPL_META))
+    body = completion_response(result, CompletionView(meta=CMPL_META))
     assert body == {
         "id": "cmpl-abc",
         "object": "text_completion",
@@ -551,14 +561,14 @@ def test_completion_echo_logprobs_cover_prompt_then_output() -> None:
         ),
         usage=Usage(prompt_tokens=2, completion_tokens=1),
     )
-    view = translate.CompletionView(
+    view = CompletionView(
         meta=CMPL_META,
         logprobs=1,
         echo=True,
         echo_texts=("ab",),
         token_texts=lambda ids: [f"<{i}>" for i in ids],
     )
-    choice = translate.completion_response(result, view)["choices"][0]
+    choice = completion_response(result, view)["choices"][0]
     assert choice["text"] == "abcd"
     assert choice["logprobs"] == {
         "text_offset": [0, 3, 4],
@@ -569,13 +579,13 @@ def test_completion_echo_logprobs_cover_prompt_then_output() -> None:
 
 
 def test_completion_stream_echoes_once_per_choice_and_tracks_offsets() -> None:
-    view = translate.CompletionView(
+    view = CompletionView(
         meta=CMPL_META,
         n=1,
         echo=True,
         logprobs=0,
         echo_texts=("p0", "p1"),
-        usage=translate.StreamUsage(include=True),
+        usage=StreamUsage(include=True),
     )
     items: list[GenerationEvent] = [
         Started(prompt_token_ids=(1, 2)),
@@ -588,7 +598,7 @@ def test_completion_stream_echoes_once_per_choice_and_tracks_offsets() -> None:
         Delta(choice=1, text="", finish=FinishReason.STOP, matched_stop=2),
         Done(usage=Usage(prompt_tokens=4, completion_tokens=3)),
     ]
-    chunks = encode_all(translate.CompletionStreamEncoder(view), items)
+    chunks = encode_all(CompletionStreamEncoder(view), items)
     texts = [(c["choices"][0]["index"], c["choices"][0]["text"]) for c in chunks if c["choices"]]
     assert texts == [(0, "p0x"), (1, "p1y"), (0, "z"), (1, "")]
     assert chunks[0]["choices"][0]["prompt_token_ids"] == [1, 2]  # vLLM: with the echo
@@ -613,9 +623,9 @@ def test_completion_stream_echoes_once_per_choice_and_tracks_offsets() -> None:
 
 
 def test_completion_stream_of_a_batch_echoes_each_prompt_from_its_own_started() -> None:
-    view = translate.CompletionView(
+    view = CompletionView(
         meta=CMPL_META, n=1, echo=True, return_token_ids=True,
-        usage=translate.StreamUsage(include=True, continuous=True),
+        usage=StreamUsage(include=True, continuous=True),
     )
     items: list[GenerationEvent] = [
         Started(prompt_token_ids=(1, 2), prompt_text="p0"),
@@ -624,7 +634,7 @@ def test_completion_stream_of_a_batch_echoes_each_prompt_from_its_own_started() 
         Delta(choice=0, text="x", token_ids=(3,), finish=FinishReason.LENGTH),
         Done(usage=Usage(prompt_tokens=3, completion_tokens=2)),
     ]
-    chunks = encode_all(translate.CompletionStreamEncoder(view), items)
+    chunks = encode_all(CompletionStreamEncoder(view), items)
     by_choice = {c["choices"][0]["index"]: c for c in chunks if c["choices"]}
     assert by_choice[0]["choices"][0]["text"] == "p0x"
     assert by_choice[1]["choices"][0]["text"] == "p1y"
@@ -637,7 +647,7 @@ def test_completion_stream_of_a_batch_echoes_each_prompt_from_its_own_started() 
 
 def test_completion_stream_chunks_carry_vllms_fields() -> None:
     """Chunk for chunk what vLLM 0.32's own server sent (captured), usage chunk included."""
-    view = translate.CompletionView(meta=CMPL_META, usage=translate.StreamUsage(include=True))
+    view = CompletionView(meta=CMPL_META, usage=StreamUsage(include=True))
     items: list[GenerationEvent] = [
         Started(prompt_token_ids=(1,)),
         Delta(choice=0, text=" 7", token_ids=(3,)),
@@ -646,7 +656,7 @@ def test_completion_stream_chunks_carry_vllms_fields() -> None:
     ]
     head = {"id": "cmpl-abc", "object": "text_completion", "created": 1730000000, "model": "tiny"}
     none = {"prompt_token_ids": None, "token_ids": None}
-    assert encode_all(translate.CompletionStreamEncoder(view), items) == [
+    assert encode_all(CompletionStreamEncoder(view), items) == [
         {
             **head,
             "choices": [
@@ -683,7 +693,7 @@ def test_completion_stream_chunks_carry_vllms_fields() -> None:
 
 def test_completion_echo_without_generation_returns_prompt_only() -> None:
     body = completion_body(echo=True, max_tokens=0)
-    view = translate.CompletionView.of(
+    view = CompletionView.of(
         body, CMPL_META, prompts=[TextPrompt("one two")], token_texts=lambda ids: []
     )
     result = GenerationResult(
@@ -693,14 +703,14 @@ def test_completion_echo_without_generation_returns_prompt_only() -> None:
         choices=(Choice(index=0, text="more", finish_reason=FinishReason.LENGTH),),
         usage=Usage(prompt_tokens=2, completion_tokens=1),
     )
-    assert translate.completion_response(result, view)["choices"][0]["text"] == "one two"
+    assert completion_response(result, view)["choices"][0]["text"] == "one two"
 
 
 # ---- models, errors -----------------------------------------------------------------------------
 
 
 def test_model_list_shows_lineage_without_paths() -> None:
-    body = translate.model_list(["tiny"], ["a1"], created=5, max_model_len=512)
+    body = model_list(["tiny"], ["a1"], created=5, max_model_len=512)
     base, adapter = body["data"]
     assert (base["id"], base["root"], base["parent"], base["max_model_len"]) == (
         "tiny",
@@ -1081,12 +1091,12 @@ def test_structured_output_fields_map_to_the_core(
     body = schema.ChatCompletionRequest.model_validate(
         {"messages": [{"role": "user", "content": "x"}], **fields}
     )
-    assert translate.to_structured(body) == expected
+    assert to_structured(body) == expected
 
 
 @pytest.mark.parametrize("text", ["", "Hello", 'say "hi"\\n', "é€😀", "\x00\x1f", "a" * 300])
 def test_text_only_chat_chunk_is_byte_for_byte_the_general_chunk(text: str) -> None:
-    writer = translate._ChunkWriter(META, "chat.completion.chunk")
+    writer = ChunkWriter(META, "chat.completion.chunk")
     choice = {"index": 3, "delta": {"content": text}, "logprobs": None,
               "finish_reason": None, "token_ids": None}
     assert writer.text_chunk(3, text) == writer.chunk(choice)

@@ -24,8 +24,8 @@ from protocols.kserve_v2 import translate as kserve
 from protocols.kserve_v2.models import ModelRef
 from protocols.mindie import schema as mindie_schema
 from protocols.mindie import translate as mindie
+from protocols.openai_v1 import requests as openai
 from protocols.openai_v1 import schema as openai_schema
-from protocols.openai_v1 import translate as openai
 from protocols.tgi import schema as tgi_schema
 from protocols.tgi import translate as tgi
 from server.core.errors import GatewayError, InvalidRequest
