@@ -151,7 +151,7 @@ async def _register(registry: AdapterRegistry, spec: WorkflowSpec) -> None:
             raise WorkflowError(f"adapter {spec.adapter!r} is registered with another source")
     else:
         await registry.register(spec.adapter, spec.src, options=spec.options, origin="config")
-    registry.add_alias(spec.name, spec.adapter)
+    await registry.add_alias(spec.name, spec.adapter)
     logger.info("workflow %s serves adapter %s", spec.name, spec.adapter)
 
 

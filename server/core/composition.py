@@ -31,9 +31,10 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from server.core.adapter_files import CONFIG_FILE
+from server.core.adapter_files import CONFIG_FILE, AdapterRules
+from server.core.adapter_records import MERGED_ORIGIN, AdapterRecord
 from server.core.errors import (
     AdapterExists,
     AdapterInvalid,
@@ -45,15 +46,11 @@ from server.core.errors import (
 )
 from server.core.types import AdapterMerge
 
-if TYPE_CHECKING:
-    from server.core.adapters import AdapterRecord, AdapterRegistry
-
 logger = logging.getLogger("gateway.adapters")
 
 STRATEGIES = ("linear", "ties", "dare_linear", "dare_ties")  # LoRAX's names
 SUPPORTED_STRATEGIES = ("linear",)
 SIGN_METHODS = ("total", "frequency")
-MERGED_ORIGIN = "merged"  # AdapterRecord.origin of a composed adapter
 MERGED_PREFIX = "merged-"
 MAX_MERGED_IDS = 16
 CACHED_PER_ENTRY = 4  # folders kept in the cache per registered composed adapter
@@ -163,6 +160,27 @@ def merge_key(digests: Sequence[str], merge: AdapterMerge) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
+class ComposingRegistry(Protocol):
+    """What a composition needs of the registry it registers composed adapters in."""
+
+    rules: AdapterRules
+
+    async def ensure(self, name: str) -> AdapterRecord: ...
+
+    def is_merged(self, name: str) -> bool: ...
+
+    def merged_records(self) -> list[AdapterRecord]: ...
+
+    def paths_in_use(self) -> set[str]: ...
+
+    async def register(  # noqa: PLR0913 - the registry's signature
+        self, name: object, src: object, *, preload: bool = True, pin: bool = False,
+        options: Mapping[str, str] | None = None, alias: str | None = None, origin: str = "api",
+    ) -> AdapterRecord: ...
+
+    async def unregister(self, name: str) -> AdapterRecord: ...
+
+
 # ---- composition and its cache --------------------------------------------------------------
 class Composition:
     """Builds, caches and registers composed adapters for one registry (the owner's)."""
@@ -173,7 +191,7 @@ class Composition:
         self.max_entries = max_entries
         self._building: dict[str, asyncio.Future[None]] = {}  # one build per key
 
-    async def compose(self, registry: AdapterRegistry, merge: AdapterMerge) -> str:
+    async def compose(self, registry: ComposingRegistry, merge: AdapterMerge) -> str:
         """The registered name of the composed adapter, composed and registered first if it
         is new; concurrent requests for one composition share one build."""
         records = [await registry.ensure(name) for name in merge.ids]
@@ -209,7 +227,7 @@ class Composition:
             )
 
     async def _build(
-        self, registry: AdapterRegistry, inputs: Sequence[MergeInput], key: str, name: str
+        self, registry: ComposingRegistry, inputs: Sequence[MergeInput], key: str, name: str
     ) -> None:
         out_dir = self.folder / key
         if not (out_dir / CONFIG_FILE).is_file():
@@ -254,7 +272,7 @@ class Composition:
                 shutil.rmtree(entry, ignore_errors=True)
                 excess -= 1
 
-    async def _make_room(self, registry: AdapterRegistry, *, keep: str) -> None:
+    async def _make_room(self, registry: ComposingRegistry, *, keep: str) -> None:
         """Unregister least recently used idle composed adapters beyond `max_entries - 1`."""
         merged = [r for r in registry.merged_records() if r.name != keep]
         excess = len(merged) - (self.max_entries - 1)

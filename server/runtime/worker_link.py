@@ -6,10 +6,11 @@ from the engine core, counts their requests and decides evictions, so an adapter
 the engine never holds one the registry does not know. The other workers mirror it
 (`MirrorRegistry`): they list, describe and route from a copy of its names, aliases and refusals
 that the owner pushes after every change and before that change is answered (`RegistryOwner.
-publish` waits for each mirror's acknowledgement), and they send every management call and every
-adapter request's acquire and release to the owner over a Unix socket in the supervisor's private
-directory. Generation itself never goes through this link: each worker is its own client of the
-engine core (vLLM's multi-API-server launch).
+publish` waits for each mirror's acknowledgement), and they send every command of the registry's
+command set (`server.core.adapter_commands`: management calls, an adapter request's acquire) and
+every release to the owner over a Unix socket in the supervisor's private directory: a mirror is
+an `AdapterRegistry` whose owner port is its `OwnerLink`. Generation itself never goes through
+this link: each worker is its own client of the engine core (vLLM's multi-API-server launch).
 
 Peer operations (a stopInfer or a stored response that belongs to another worker) travel the same
 star: a mirror's `ask` runs in the owner and is relayed by it to every other mirror.
@@ -27,30 +28,38 @@ import logging
 import pickle
 import struct
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from server.core.adapter_commands import Acquire, Command
 from server.core.adapter_files import AdapterRules
 from server.core.adapter_sources import AdapterFetcher
-from server.core.adapters import (
-    AdapterLimits,
-    AdapterRecord,
-    AdapterRegistry,
-    RegistryView,
-)
+from server.core.adapters import AdapterLimits, AdapterRegistry, RegistryView
 from server.core.composition import Composition
 from server.core.engine import Engine
 from server.core.errors import EngineError, GatewayError, ServiceUnavailable
 from server.core.peers import Peers
-from server.core.types import AdapterHandle, AdapterMerge
+from server.core.types import AdapterHandle
 
 logger = logging.getLogger("gateway.adapters")
 
 _FRAME = struct.Struct("!I")
-_CALLS = frozenset({"register", "update", "unregister", "engine_resident", "compose"})
+T = TypeVar("T")
 ACK_TIMEOUT_S = 30.0  # a mirror that does not take a change this long is stuck: say so
 CONNECT_TIMEOUT_S = 600.0  # the owner starts its engine client first (tens of seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class PeerAsk:
+    """A mirror's peer operation: run in the owner, then relayed to every other mirror."""
+
+    op: str
+    args: tuple[Any, ...]
+
+
+Call = Command[Any] | PeerAsk  # what a mirror asks of the owner: ("call", call_id, Call)
 
 
 def _frame(message: object) -> bytes:
@@ -201,49 +210,41 @@ class RegistryOwner:
             if handle is not None:
                 self._serving().release(handle, message[2])
         elif kind == "call":
-            task = asyncio.create_task(self._answer(mirror, *message[1:]))
+            task = asyncio.create_task(self._answer(mirror, message[1], message[2]))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _answer(
-        self, mirror: _Mirror, call_id: int, method: str, args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> None:
+    async def _answer(self, mirror: _Mirror, call_id: int, call: Call) -> None:
+        name = type(call).__name__
         try:
-            value = await self._run(mirror, method, args, kwargs)
+            value = await self._run(mirror, call)
             reply: tuple[Any, ...] = ("reply", call_id, True, value)
         except GatewayError as exc:
             reply = ("reply", call_id, False, exc)
         except Exception:
-            logger.exception("adapter call %s from a worker failed", method)
-            reply = ("reply", call_id, False, EngineError(f"the adapter call {method} failed"))
+            logger.exception("adapter call %s from a worker failed", name)
+            reply = ("reply", call_id, False, EngineError(f"the adapter call {name} failed"))
         with contextlib.suppress(ConnectionError):
             mirror.send(reply)
 
-    async def _run(
-        self, mirror: _Mirror, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        registry = self._serving()
-        if method == "ask":  # a mirror's peer operation: here, then every other mirror
-            op, op_args = args
-            here = await self._peers.run_here(op, op_args)
-            return [here, *await self.ask_mirrors(op, op_args, origin=mirror)]
-        if method == "acquire":
-            handle = await registry.acquire(*args)
+    async def _run(self, mirror: _Mirror, call: Call) -> Any:
+        if isinstance(call, PeerAsk):  # a mirror's peer operation: here, then every other mirror
+            here = await self._peers.run_here(call.op, call.args)
+            return [here, *await self.ask_mirrors(call.op, call.args, origin=mirror)]
+        if isinstance(call, Acquire):  # held by the mirror under a lease until it releases it
+            handle = await self._serving().run(call)
             lease = next(self._lease_ids)
             self._leases[lease] = handle
             return lease, handle
-        if method == "view":
-            return registry.view()
-        if method not in _CALLS:
-            raise EngineError(f"unknown adapter call {method}")
-        return await getattr(registry, method)(*args, **kwargs)
+        if isinstance(call, Command):
+            return await self._serving().run(call)
+        raise EngineError(f"unknown adapter call {call!r}")
 
 
 class OwnerLink:
-    """A mirror's connection to the owner: calls, and the owner's pushed views. Made before the
-    registry and the peers it serves, which take it and `ask_owner` when built; `connect` serves
-    them."""
+    """A mirror's connection to the owner (its registry's owner port): commands, releases, and
+    the owner's pushed views. Made before the registry and the peers it serves, which take it and
+    `ask_owner` when built; `connect` serves them."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -252,6 +253,7 @@ class OwnerLink:
         self._tasks: set[asyncio.Task[None]] = set()
         self._calls: dict[int, asyncio.Future[tuple[bool, Any]]] = {}
         self._abandoned: set[int] = set()  # acquires whose caller gave up: release on reply
+        self._leases: dict[int, int] = {}  # id(handle) -> the owner's lease
         self._ids = itertools.count(1)
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
@@ -279,7 +281,7 @@ class OwnerLink:
 
     async def ask_owner(self, op: str, args: tuple[Any, ...]) -> list[Any]:
         """Every other worker's answer to a peer operation (the owner relays it)."""
-        answers: list[Any] = await self.call("ask", op, args)
+        answers: list[Any] = await self.call(PeerAsk(op, args))
         return answers
 
     async def close(self) -> None:
@@ -288,23 +290,39 @@ class OwnerLink:
         if self._writer is not None:
             self._writer.close()
 
-    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    async def run(self, command: Command[T]) -> T:
+        """The owner's answer to a command of this worker's registry."""
+        if isinstance(command, Acquire):
+            lease, handle = await self.call(command)
+            self._leases[id(handle)] = lease
+            return handle  # type: ignore[no-any-return]
+        value: T = await self.call(command)
+        return value
+
+    def release(self, handle: AdapterHandle, generated_tokens: int) -> None:
+        """Give back an adapter `run(Acquire)` answered (a no-op once the owner is gone)."""
+        lease = self._leases.pop(id(handle), None)
+        if lease is not None:
+            with contextlib.suppress(ServiceUnavailable):
+                self._release(lease, generated_tokens)
+
+    async def call(self, call: Call) -> Any:
         call_id = next(self._ids)
         reply = asyncio.get_running_loop().create_future()
         self._calls[call_id] = reply
-        self._send(("call", call_id, method, args, kwargs))
+        self._send(("call", call_id, call))
         try:
             ok, value = await reply
         except asyncio.CancelledError:
             self._calls.pop(call_id, None)
-            if method == "acquire":
+            if isinstance(call, Acquire):
                 self._abandoned.add(call_id)
             raise
         if not ok:
             raise value
         return value
 
-    def release(self, lease: int, generated_tokens: int) -> None:
+    def _release(self, lease: int, generated_tokens: int) -> None:
         self._send(("release", lease, generated_tokens))
 
     def _send(self, message: object) -> None:
@@ -346,7 +364,7 @@ class OwnerLink:
         elif call_id in self._abandoned:
             self._abandoned.discard(call_id)
             if ok:
-                self.release(value[0], 0)
+                self._release(value[0], 0)
 
 
     async def _answer(self, ask_id: int, op: str, args: tuple[Any, ...]) -> None:
@@ -356,8 +374,9 @@ class OwnerLink:
 
 
 class MirrorRegistry(AdapterRegistry):
-    """The registry of workers 1..N-1: reads from the owner's pushed view, everything that
-    changes adapters or the engine's copy of them done by the owner."""
+    """The registry of workers 1..N-1: an `AdapterRegistry` whose owner port is an `OwnerLink`.
+    It reads from the owner's pushed view; every command runs in the owner. Only construction
+    is its own: it overrides no method (tests/unit/test_adapter_commands.py)."""
 
     def __init__(  # noqa: PLR0913 - the owner's parts, as build_gateway passes them
         self, *, engine: Engine, rules: AdapterRules, limits: AdapterLimits,
@@ -365,79 +384,10 @@ class MirrorRegistry(AdapterRegistry):
         composition: Composition | None = None,
         on_change: Callable[[], Awaitable[None]] | None = None, link: OwnerLink,
     ) -> None:
-        # the fetcher tells which names sources may hold; the owner does every fetch
-        super().__init__(engine=engine, rules=rules, limits=limits, fetcher=fetcher)
         del state_file, composition, on_change  # the owner keeps, composes and publishes
+        # the fetcher tells which names sources may hold; the owner does every fetch
+        super().__init__(engine=engine, rules=rules, limits=limits, fetcher=fetcher, owner=link)
         self.link = link
-        self._leases: dict[int, int] = {}  # id(handle) -> the owner's lease
-
-    async def register(  # noqa: PLR0913 - the owner's signature
-        self,
-        name: object,
-        src: object,
-        *,
-        preload: bool = True,
-        pin: bool = False,
-        options: Mapping[str, str] | None = None,
-        alias: str | None = None,
-        origin: str = "api",
-    ) -> AdapterRecord:
-        record: AdapterRecord = await self.link.call(
-            "register", name, src, preload=preload, pin=pin,
-            options=None if options is None else dict(options), alias=alias, origin=origin,
-        )
-        return record
-
-    async def update(
-        self,
-        name: str,
-        *,
-        src: object = None,
-        preload: bool | None = None,
-        pin: bool | None = None,
-        options: Mapping[str, str] | None = None,
-    ) -> AdapterRecord:
-        record: AdapterRecord = await self.link.call(
-            "update", name, src=src, preload=preload, pin=pin,
-            options=None if options is None else dict(options),
-        )
-        return record
-
-    async def unregister(self, name: str) -> AdapterRecord:
-        record: AdapterRecord = await self.link.call("unregister", name)
-        return record
-
-    async def engine_resident(self) -> set[str]:
-        names: set[str] = await self.link.call("engine_resident")
-        return names
-
-    async def compose(self, merge: AdapterMerge) -> str:
-        name: str = await self.link.call("compose", merge)  # the owner composes and registers
-        return name
-
-    async def acquire(self, name: str) -> AdapterHandle:
-        lease, handle = await self.link.call("acquire", name)
-        self._leases[id(handle)] = lease
-        return handle  # type: ignore[no-any-return]
-
-    def release(self, handle: AdapterHandle, generated_tokens: int = 0) -> None:
-        lease = self._leases.pop(id(handle), None)
-        if lease is not None:
-            with contextlib.suppress(ServiceUnavailable):
-                self.link.release(lease, generated_tokens)
-
-    async def refresh(self) -> None:
-        """The owner's records now, with their numbers and residency (pushes carry names)."""
-        self.show(await self.link.call("view"))
 
 
-def mirror_factory(link: OwnerLink) -> Callable[..., AdapterRegistry]:
-    """`build_gateway`'s registry maker for a mirror worker."""
-
-    def make(**kwargs: Any) -> AdapterRegistry:
-        return MirrorRegistry(link=link, **kwargs)
-
-    return make
-
-
-__all__ = ["MirrorRegistry", "OwnerLink", "RegistryOwner", "mirror_factory"]
+__all__ = ["MirrorRegistry", "OwnerLink", "RegistryOwner"]

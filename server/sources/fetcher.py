@@ -51,6 +51,12 @@ class RemoteSources:
         scheme, separator, _ = src.partition("://")
         return bool(separator) and scheme in self._remotes
 
+    def serves(self, src: object) -> bool:
+        return isinstance(src, str) and self.is_remote(src)
+
+    async def resolve(self, src: object) -> Path:
+        return await self.fetch(str(src))
+
     async def fetch(self, src: str) -> Path:
         pending = self._pending.get(src)
         if pending is None:

@@ -352,7 +352,7 @@ async def test_a_registration_the_engine_refuses_after_it_was_saved_is_unsaved(
     with pytest.raises(AdapterInvalid):
         await registry.register("refused", str(src))
     assert registry.names() == []
-    assert journal_at(registry._journal.path).saved() == []  # type: ignore[union-attr]
+    assert journal_at(registry._changes.journal.path).saved() == []  # type: ignore[union-attr]
 
 
 @pytest.mark.anyio

@@ -329,11 +329,11 @@ async def test_update_pins_and_unpins_in_place(root: Path) -> None:
 async def test_alias_selects_its_adapter(root: Path) -> None:
     registry, _ = make_registry(root)
     await registry.register("a1", str(root / "a1"))
-    registry.add_alias("wf", "a1")
+    await registry.add_alias("wf", "a1")
     assert "wf" in registry
     assert (await registry.acquire("wf")).name == "a1"
     with pytest.raises(AdapterExists):
-        registry.add_alias("a1", "a1")
+        await registry.add_alias("a1", "a1")
     with pytest.raises(AdapterExists):
         await registry.register("wf", str(root / "a2"))
 

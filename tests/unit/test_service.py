@@ -248,7 +248,7 @@ async def test_a_cold_adapter_waits_for_one_hot_request_not_the_hot_backlog(
 async def test_a_workflow_alias_waits_in_its_adapters_queue_and_the_base_model_in_its_own() -> None:
     gateway = await fair_gateway(script=FakeScript(hang_after=1))
     service = gateway.service
-    service.adapters.add_alias("flow", "a1")
+    await service.adapters.add_alias("flow", "a1")
     held = [await service.start(request(rid=f"h{i}", model="a1")) for i in range(2)]
     queued = [
         asyncio.create_task(service.start(request(rid=rid, model=model)))

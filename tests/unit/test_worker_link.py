@@ -219,7 +219,7 @@ async def test_a_change_the_owner_cannot_save_is_refused_on_every_worker_unchang
 ) -> None:
     journal = AdapterJournal(tmp_path / "state" / "adapters.json")
     journal.load()
-    cluster.owner._journal = journal  # the owner alone writes the state file
+    cluster.owner._changes.journal = journal  # the owner alone writes the state file
     await cluster.mirrors[0].register("kept", str(root / "a1"))
     monkeypatch.setattr(os, "open", _read_only)
     for mirror in cluster.mirrors:

@@ -1,0 +1,204 @@
+"""Which adapters the engine holds: loading, the LRU eviction of idle unpinned adapters, the
+settle delay, and unloading what was retired.
+
+Why residency is managed here and not left to vLLM: vLLM re-reads an adapter it evicted from its
+CPU cache inside `generate()`, where a load failure kills the engine core for good. So the registry
+validates every adapter on disk (`adapter_files`), lets the engine load it with `add_adapter` (where
+a failure is harmless) before any request may use it, and keeps at most `max_cpu_loras` adapters in
+the engine so vLLM never evicts on its own. Beyond that the least recently used idle unpinned
+adapter is removed and transparently re-validated and re-added on its next use; a request whose
+adapter finds every cached place pinned or busy waits for one (bounded by `wait_s`).
+
+Why an adapter stays in the engine a moment after its last request (`settle_s`): vLLM may still
+run a finished request's adapter in a step it had already scheduled; an adapter removed in that
+window is read back from disk inside that step, which evicts whatever vLLM's own LRU picks, a
+pinned adapter included, behind the registry's back (found by running the churn tests in reverse
+order). So nothing leaves the engine until `settle_s` after its last request ended.
+
+Why pins are not passed to the engine: vLLM's `pin_lora` also pins the adapter into an engine
+(GPU) slot, but its scheduler still admits up to `max_loras` other adapters per step; the worker
+then evicts an adapter of the running batch and fails, killing the engine. A pin here means
+"never evicted from the engine's cache", which is what operators ask for, at no risk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from server.core.adapter_catalog import AdapterCatalog
+from server.core.adapter_files import fingerprint
+from server.core.adapter_records import AdapterLimits, AdapterRecord
+from server.core.adapter_sources import AdapterSources
+from server.core.engine import Engine
+from server.core.errors import AdapterNotFound, GatewayError, Overloaded
+from server.core.types import AdapterHandle
+
+logger = logging.getLogger("gateway.adapters")
+
+
+class AdapterResidency:
+    def __init__(
+        self, *, catalog: AdapterCatalog, engine: Engine, limits: AdapterLimits,
+        sources: AdapterSources,
+    ) -> None:
+        self._catalog = catalog
+        self._engine = engine
+        self.limits = limits
+        self._sources = sources
+        self._room = asyncio.Event()  # set (then replaced) whenever a cached place may be free
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def engine_resident(self) -> set[str]:
+        """Names of registered adapters the engine really holds now (asks the engine)."""
+        ids = await self._engine.resident_adapters()
+        return {r.name for r in self._catalog.by_name.values() if r.handle.int_id in ids}
+
+    # ---- loading -----------------------------------------------------------------------------
+    async def wait_resident(
+        self, name: str, *, requested: str, cold: bool = False
+    ) -> AdapterRecord:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.wait_s
+        while True:
+            async with self._catalog.lock:
+                record = self._catalog.by_name.get(name)
+                if record is None:
+                    raise AdapterNotFound(f"The model `{requested}` does not exist.")
+                if record.resident or await self._load_if_room(record, cold=cold):
+                    return record
+                room = self._room
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise Overloaded(
+                    f"No free LoRA slot for adapter {name}: all {self.limits.max_cpu_loras} "
+                    "cached adapters are pinned or busy"
+                )
+            with contextlib.suppress(TimeoutError):  # woken by room, or by an adapter settling
+                await asyncio.wait_for(room.wait(), min(remaining, self._settling_in()))
+
+    async def _load_if_room(self, record: AdapterRecord, *, cold: bool = False) -> bool:
+        """Under the lock: load `record` into the engine, evicting an idle adapter if needed.
+        Returns False when every cached place is pinned or busy."""
+        await self._rebind_if_changed(record)
+        if record.handle.int_id in self._resident_ids():
+            record.resident = True  # the same files are in the engine under another record
+            return True
+        if len(self._resident_ids()) >= self.limits.max_cpu_loras:
+            victim = self._eviction_candidate()
+            if victim is None:
+                return False
+            await self._evict(victim)
+        started = time.perf_counter()
+        try:
+            await self._engine.add_adapter(record.handle)
+        except GatewayError:
+            record.load_failures += 1
+            raise
+        record.resident = True
+        record.count_load(time.perf_counter() - started, cold=cold)
+        return True
+
+    async def _rebind_if_changed(self, record: AdapterRecord) -> None:
+        """Under the lock, before the engine reads a record that is not in it: if its files
+        changed, it takes the identity of the new contents (nothing refers to the old one)."""
+        path = Path(record.handle.path)
+        if fingerprint(path) == record.fingerprint:
+            return
+        files = await self._sources.inspect(self._sources.source_of(record))
+        if files.digest != record.digest:
+            record.handle = AdapterHandle(
+                name=record.name, int_id=self._catalog.id_for(files.digest),
+                path=str(files.path),
+            )
+            record.digest, record.rank = files.digest, files.rank
+        record.fingerprint = files.fingerprint
+
+    # ---- eviction ----------------------------------------------------------------------------
+    def _resident_ids(self) -> set[int]:
+        return {r.handle.int_id for r in self._catalog.all_records() if r.resident}
+
+    def _eviction_candidate(self) -> AdapterRecord | None:
+        """The least recently used adapter that is idle, unpinned and settled."""
+        settled_before = time.monotonic() - self.limits.settle_s
+        idle = [r for r in self._idle_unpinned() if r.last_used <= settled_before]
+        return min(idle, key=lambda r: r.last_used) if idle else None
+
+    def _idle_unpinned(self) -> list[AdapterRecord]:
+        busy = {r.handle.int_id for r in self._catalog.all_records() if r.inflight > 0}
+        pinned = {r.handle.int_id for r in self._catalog.by_name.values() if r.pin}
+        return [
+            r for r in self._catalog.all_records()
+            if r.resident and r.handle.int_id not in busy | pinned
+        ]
+
+    def _settling_in(self) -> float:
+        """Seconds until the next idle adapter settles (the wait is capped by `wait_s`)."""
+        idle = self._idle_unpinned()
+        if not idle:
+            return self.limits.wait_s
+        oldest = min(r.last_used for r in idle)
+        return max(oldest + self.limits.settle_s - time.monotonic(), 0.001)
+
+    async def _evict(self, victim: AdapterRecord) -> None:
+        try:
+            await self._engine.remove_adapter(victim.handle)
+        except GatewayError:
+            logger.warning("the engine failed to remove adapter %s", victim.name, exc_info=True)
+        for record in self._catalog.all_records():
+            if record.handle.int_id == victim.handle.int_id and record.resident:
+                record.resident = False
+                record.evictions += 1
+        if victim.removed:
+            self._catalog.retired = [r for r in self._catalog.retired if r is not victim]
+
+    # ---- retirement ----------------------------------------------------------------------------
+    def retire(self, record: AdapterRecord) -> None:
+        """Under the lock: `record` left the catalog; it leaves the engine once its requests
+        ended and it settled."""
+        record.removed = True
+        self._catalog.retired.append(record)
+        if record.inflight == 0:
+            self.spawn(self.unload_settled(record))
+
+    async def unload_settled(self, record: AdapterRecord) -> None:
+        """Remove a retired adapter from the engine once it settled, if it is still idle."""
+        wait = record.last_used + self.limits.settle_s - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        async with self._catalog.lock:
+            if record.inflight == 0:
+                await self._unload(record)
+            self.signal_room()
+
+    async def _unload(self, record: AdapterRecord) -> None:
+        if not record.removed:
+            return  # restored by a failed update meanwhile
+        self._catalog.retired = [r for r in self._catalog.retired if r is not record]
+        if not record.resident:
+            return
+        record.resident = False
+        sharing = [
+            r for r in self._catalog.all_records() if r.handle.int_id == record.handle.int_id
+        ]
+        if sharing:  # the same name and path were registered again: keep the engine copy
+            sharing[0].resident = True
+            return
+        try:
+            await self._engine.remove_adapter(record.handle)
+        except GatewayError:
+            logger.warning("the engine failed to remove adapter %s", record.name, exc_info=True)
+
+    def signal_room(self) -> None:
+        self._room.set()
+        self._room = asyncio.Event()
+
+    def spawn(self, job: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(job)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
