@@ -17,6 +17,7 @@ from typing import Any
 
 from protocols.anthropic import schema
 from protocols.common.bounds import bounded_max_tokens, stop_strings
+from protocols.common.budget import VLLM_CUTS
 from protocols.common.chat import template_kwargs
 from protocols.common.tools import ChoiceReader, Function, ToolPlan, check_parameters
 from server.core.errors import InvalidRequest, Unsupported
@@ -213,7 +214,7 @@ def _sampling(
         top_k=body.top_k or 0,
         stop=stop_strings(body.stop_sequences, bounds, param="stop_sequences"),
         structured=plan.structured(),
-        cut_to_context=True,  # as vLLM's chat path, which serves its Messages API
+        budget=VLLM_CUTS,  # as vLLM's chat path, which serves its Messages API
     )
     omitted = [name for name in ("temperature", "top_p", "top_k") if getattr(body, name) is None]
     return with_model_defaults(

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocols.common.budget import VLLM_REFUSES
 from protocols.common.unserved import Neutral, refuse_unserved
 from protocols.djl.schema import AdapterForm, LmiParameters, LmiRequest
 from server.core.adapters import AdapterRecord, Failure
@@ -261,6 +262,7 @@ def to_sampling(
     greedy = p.do_sample is False or (p.do_sample is None and p.temperature is None)
     sampling = Sampling(
         max_new_tokens=max_new,
+        budget=VLLM_REFUSES,
         min_new_tokens=p.min_new_tokens or 0,
         temperature=0.0 if greedy else (1.0 if p.temperature is None else p.temperature),
         top_p=1.0 if p.top_p is None else p.top_p,

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from protocols.common.budget import VLLM_REFUSES
 from protocols.kserve_v2.models import INPUT_SPECS
 from server.core.errors import InvalidRequest, Unsupported
 from server.core.sampling import vllm_structured, with_model_defaults
@@ -317,7 +318,7 @@ def to_knobs(
                 param=knob.wire,
             )
     values = {name: knob.value for name, knob in knobs.items() if name in _SAMPLING_FIELDS}
-    sampling = replace(Sampling(max_new_tokens=default_max_tokens), **values)
+    sampling = replace(Sampling(max_new_tokens=default_max_tokens, budget=VLLM_REFUSES), **values)
     greedy = "do_sample" in knobs and not knobs["do_sample"].value
     if greedy:
         sampling = replace(sampling, temperature=0.0)  # MindIE/TGI: do_sample=false is greedy

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from protocols.common.budget import VLLM_REFUSES
 from protocols.mindie.schema import InferParameters, InferRequest, VllmGenerateRequest
 from server.core.errors import InvalidRequest, Unsupported
 from server.core.sampling import omitted_fields, with_model_defaults
@@ -143,6 +144,7 @@ def infer_request(
         top_k=(p.top_k or 0) if sample else 0,
         seed=p.seed,
         repetition_penalty=p.repetition_penalty or 1.0,
+        budget=VLLM_REFUSES,
     )
     sampling = with_model_defaults(
         sampling, defaults, omitted_fields(p, INFER_DEFAULTED), greedy=not sample
@@ -351,6 +353,7 @@ def vllm_request(
         ignore_eos=bool(body.ignore_eos),
         include_stop_str_in_output=bool(body.include_stop_str_in_output),
         skip_special_tokens=body.skip_special_tokens is not False,
+        budget=VLLM_REFUSES,
     )
     omitted = omitted_fields(body, VLLM_DEFAULTED)
     if body.max_tokens is None:

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import TypeVar, cast
 
 from protocols.common.bounds import bounded_max_tokens, stop_strings
+from protocols.common.budget import VLLM_CUTS
 from protocols.common.chat import template_kwargs, with_effort
 from protocols.common.tools import ToolPlan
 from protocols.common.unserved import refuse_unserved
@@ -251,7 +252,7 @@ def to_sampling(
         bad_words=tuple(body.bad_words),
         truncate_prompt_tokens=body.truncate_prompt_tokens,
         structured=to_structured(body),
-        cut_to_context=True,
+        budget=VLLM_CUTS,
     )
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from protocols.common.bounds import stop_strings
+from protocols.common.budget import VLLM_CUTS
 from protocols.common.chat import response_model, template_kwargs, with_effort
 from protocols.common.tools import ChoiceReader, Function, Mode, ToolPlan, check_parameters
 from protocols.common.unserved import refuse_unserved
@@ -212,7 +213,7 @@ def _sampling(body: schema.ResponsesRequest, plan: ToolPlan, facts: ServerFacts)
         seed=body.seed,
         stop=stop_strings(body.stop, facts.bounds),
         structured=plan.structured() if plan.forced else _constraint(body),
-        cut_to_context=True,
+        budget=VLLM_CUTS,
     )
 
 
@@ -489,13 +490,6 @@ def _tool_echo(function: Function) -> JSON:
     }
 
 
-def effective_max_tokens(call: ResponsesCall, prompt_tokens: int, max_model_len: int) -> int:
-    """What vLLM echoes: the request's limit (or the model's default) within the context."""
-    room = max_model_len - prompt_tokens
-    wanted = call.request.sampling.max_new_tokens
-    return room if wanted is None else min(wanted, room)
-
-
 def message_item(item_id: str, text: str, status: str = "completed") -> JSON:
     content = [_text_part(text)] if status == "completed" else []
     return {
@@ -534,9 +528,9 @@ def output_items(parsed: ParsedOutput) -> list[JSON]:
     return items
 
 
-def final_response(
-    call: ResponsesCall, result: GenerationResult, reader: ChoiceReader, max_model_len: int
-) -> JSON:
+def final_response(call: ResponsesCall, result: GenerationResult, reader: ChoiceReader) -> JSON:
+    """`max_output_tokens` echoes the limit the engine's prompt budget set, as vLLM echoes its
+    `SamplingParams.max_tokens` (the request's, or the model's default, within the room)."""
     choice = result.choices[0]
     parsed = reader.whole(choice.text, choice.token_ids, result.prompt.prompt_token_ids)
     incomplete = choice.finish_reason.value == "length"
@@ -545,9 +539,7 @@ def final_response(
         status="incomplete" if incomplete else "completed",
         output=output_items(parsed),
         used=result.usage,
-        max_output_tokens=effective_max_tokens(
-            call, len(result.prompt.prompt_token_ids), max_model_len
-        ),
+        max_output_tokens=result.prompt.max_tokens,
         incomplete=incomplete,
     )
 
@@ -592,13 +584,11 @@ class ResponseEvents:
         call: ResponsesCall,
         parser: OutputParser | None,
         *,
-        max_model_len: int,
         on_complete: Callable[[JSON], None],
     ) -> None:
         self._call = call
         parsed = call.request.parse is not None or call.plan.forced
         self._reader = ChoiceReader(call.plan, parser) if parsed else None
-        self._max_model_len = max_model_len
         self._on_complete = on_complete
         self._sequence = 0
         self._output: list[JSON] = []
@@ -612,9 +602,7 @@ class ResponseEvents:
     def encode(self, event: GenerationEvent) -> bytes:
         if isinstance(event, Started):
             self._prompt_ids = event.prompt_token_ids
-            self._max_tokens = effective_max_tokens(
-                self._call, len(event.prompt_token_ids), self._max_model_len
-            )
+            self._max_tokens = event.max_tokens
             return self._opening()
         if isinstance(event, Delta):
             return self._delta(event)

@@ -241,13 +241,11 @@ def create_response(ctx: ProtocolContext, store: responses.ResponseStore) -> End
 
         if gen.stream:
             events = await service.start(gen)
-            fmt = responses.ResponseEvents(
-                call, parser(), max_model_len=info.max_model_len, on_complete=keep
-            )
+            fmt = responses.ResponseEvents(call, parser(), on_complete=keep)
             return EventStreamAnswer(events, fmt, media_type=SSE_MEDIA_TYPE)
         result = await until_disconnect(request, service.generate(gen))
         reader = ChoiceReader(call.plan, parser())
-        response = responses.final_response(call, result, reader, info.max_model_len)
+        response = responses.final_response(call, result, reader)
         keep(response)
         return json_response(response)
 

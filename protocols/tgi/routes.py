@@ -21,7 +21,6 @@ from protocols.common.sse import TokenEventStream
 from protocols.tgi import errors, translate
 from protocols.tgi.schema import GenerateRequest
 from server.core.errors import AdapterNotFound
-from server.core.service import PromptFit
 from server.core.types import Delta, GenerationEvent, GenerationRequest, Started
 from server.http.body import decode_json, json_response, parse_model, read_body, request_id_header
 from server.http.context import ProtocolContext, current_request_id, options_of
@@ -47,7 +46,6 @@ class _Prepared:
     body: GenerateRequest
     plan: translate.Plan
     request: GenerationRequest
-    fit: PromptFit
     rendering: translate.Rendering
     started_at: float
     validated_at: float
@@ -65,7 +63,7 @@ def _prepare(
     ctx: ProtocolContext, request: Request, body: GenerateRequest, *, stream: bool,
     full_text: bool = False, adapter: str | None = None,
 ) -> _Prepared:
-    """Validate and plan; the prompt is tokenized and fitted after admission (`fit`).
+    """Validate and plan; the engine fits the tokenized prompt (`translate.TGI_BUDGET`).
     `adapter`, when given, wins over `parameters.adapter_id`."""
     started_at = time.perf_counter()
     limits = _limits(ctx)
@@ -81,7 +79,6 @@ def _prepare(
         body=body,
         plan=plan,
         request=gen,
-        fit=translate.fit_prompt(plan, limits),
         rendering=rendering,
         started_at=started_at,
         validated_at=time.perf_counter(),
@@ -102,7 +99,7 @@ def _check_adapter(ctx: ProtocolContext, name: str) -> None:
 async def _run(
     ctx: ProtocolContext, prepared: _Prepared
 ) -> tuple[dict[str, object], dict[str, str]]:
-    result = await ctx.service.generate(prepared.request, fit=prepared.fit)
+    result = await ctx.service.generate(prepared.request)
     rendering = prepared.rendering
     if prepared.plan.prefill:
         texts = ctx.service.token_texts(list(result.prompt.prompt_token_ids))
@@ -166,7 +163,7 @@ class _Events(TokenEventStream):
 
 
 async def _stream(ctx: ProtocolContext, prepared: _Prepared) -> Answer:
-    events = await ctx.service.start(prepared.request, fit=prepared.fit)
+    events = await ctx.service.start(prepared.request)
     headers = {
         "x-compute-type": COMPUTE_TYPE,
         "x-compute-characters": str(len(prepared.body.inputs)),

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from protocols.common import grammar
 from protocols.tgi.schema import GenerateRequest, Parameters
+from server.core.budget import Ask, BudgetPolicy, BudgetWords, Overflow
 from server.core.composition import merge_from_wire
-from server.core.errors import InvalidRequest, Unsupported
+from server.core.errors import GatewayError, InvalidRequest, Unsupported
 from server.core.sampling import omitted_fields, with_model_defaults
-from server.core.service import PromptFit
 from server.core.types import (
     AdapterMerge,
     Choice,
@@ -42,7 +42,6 @@ from server.core.types import (
     Started,
     TextPrompt,
     TokenLogprob,
-    TokenPrompt,
 )
 from server.http import jsonio
 from server.http.context import RequestBounds
@@ -87,9 +86,6 @@ class Plan:
     adapter: str
     sampling: Sampling
     output: OutputOptions
-    max_new_tokens: int | None
-    default_max_new_tokens: int | None  # the model's, for a request without max_new_tokens
-    truncate: int | None
     details: bool
     prefill: bool  # decoder_input_details
     full_text: bool
@@ -102,6 +98,37 @@ class Plan:
 
 def invalid(message: str, field: str | None = None) -> InvalidRequest:
     return InvalidRequest(message, param=f"parameters.{field}" if field else "inputs")
+
+
+class TgiBudgetWords(BudgetWords):
+    """TGI's router (`validation.rs`, `validate_input`): the prompt plus `min(max_new_tokens,
+    1024)` must fit `max_total_tokens` (the context; its message names that smaller number),
+    and the prompt must be shorter than `max_input_tokens` (the context less one)."""
+
+    def prompt_too_long(self, ask: Ask) -> GatewayError:
+        return self.too_many_new_tokens(ask)
+
+    def no_room(self, ask: Ask) -> GatewayError:
+        if ask.new_tokens:
+            return self.too_many_new_tokens(ask)
+        return invalid(
+            f"`inputs` must have less than {ask.context - 1} tokens. Given: {ask.prompt_tokens}"
+        )
+
+    def too_many_new_tokens(self, ask: Ask) -> GatewayError:
+        return invalid(
+            f"`inputs` tokens + `max_new_tokens` must be <= {ask.context}. "
+            f"Given: {ask.prompt_tokens} `inputs` tokens and {ask.new_tokens} `max_new_tokens`",
+            "max_new_tokens",
+        )
+
+
+# TGI refuses a limit the prompt leaves no room for, counting at most one 1024-token round; it
+# then generates in such rounds while the context has room: here a larger `max_new_tokens` that
+# passed the check generates until the context is full.
+TGI_BUDGET = BudgetPolicy(
+    overflow=Overflow.REFUSE, counted=TGI_GENERATION_CHUNK, words=TgiBudgetWords()
+)
 
 
 def plan(
@@ -142,9 +169,6 @@ def plan(
             logprobs=top_n if wants_logprobs else None,
             prompt_logprobs=0 if p.decoder_input_details else None,
         ),
-        max_new_tokens=p.max_new_tokens,
-        default_max_new_tokens=defaults.max_new_tokens,
-        truncate=p.truncate,
         details=details,
         prefill=bool(p.decoder_input_details),
         full_text=full_text if p.return_full_text is None else p.return_full_text,
@@ -252,6 +276,9 @@ def _check_unsupported(p: Parameters) -> None:
 
 def _to_sampling(p: Parameters, sampling: bool, best_of: int) -> Sampling:
     return Sampling(
+        max_new_tokens=p.max_new_tokens,
+        truncate_prompt_tokens=p.truncate,
+        budget=TGI_BUDGET,
         temperature=(p.temperature or 1.0) if sampling else 0.0,
         top_p=(p.top_p or 1.0) if sampling else 1.0,
         top_k=(p.top_k or 0) if sampling else 0,
@@ -268,7 +295,7 @@ def _to_sampling(p: Parameters, sampling: bool, best_of: int) -> Sampling:
 
 
 def to_generation_request(plan: Plan, *, request_id: str) -> GenerationRequest:
-    """The request as planned; `fit_prompt` applies the rules that need its tokens."""
+    """The request as planned; the engine fits its tokenized prompt by `TGI_BUDGET`."""
     return GenerationRequest(
         request_id=request_id,
         model=plan.adapter,
@@ -279,42 +306,6 @@ def to_generation_request(plan: Plan, *, request_id: str) -> GenerationRequest:
         protocol="tgi",
         merge=plan.merge,
     )
-
-
-def fit_prompt(plan: Plan, limits: Limits) -> PromptFit:
-    """Apply `truncate` (keep the last tokens) and TGI's length checks to the tokenized prompt.
-
-    As TGI's router (`validation.rs`, `validate_input`): the prompt plus `min(max_new_tokens,
-    1024)` must fit `max_total_tokens` (its message names that smaller number). TGI then
-    generates in 1024-token rounds while the context has room; here a larger `max_new_tokens`
-    that passed the check generates until the context is full."""
-
-    def fit(request: GenerationRequest, token_ids: Sequence[int]) -> GenerationRequest:
-        ids = tuple(token_ids)
-        if plan.truncate is not None and len(ids) > plan.truncate:
-            ids = ids[len(ids) - plan.truncate :]
-        input_length = len(ids)
-        room = max(limits.max_total_tokens - input_length, 0)
-        max_new = plan.max_new_tokens
-        if max_new is None:
-            default = plan.default_max_new_tokens
-            max_new = room if default is None else min(room, default)
-        checked = min(max_new, TGI_GENERATION_CHUNK)
-        if input_length + checked > limits.max_total_tokens:
-            raise invalid(
-                f"`inputs` tokens + `max_new_tokens` must be <= {limits.max_total_tokens}. "
-                f"Given: {input_length} `inputs` tokens and {checked} `max_new_tokens`",
-                "max_new_tokens",
-            )
-        if input_length > limits.max_input_tokens:
-            raise invalid(
-                f"`inputs` must have less than {limits.max_input_tokens} tokens. "
-                f"Given: {input_length}"
-            )
-        sampling = replace(request.sampling, max_new_tokens=min(max_new, room))
-        return replace(request, prompt=TokenPrompt(ids), sampling=sampling)
-
-    return fit
 
 
 # ---- responses -----------------------------------------------------------------------------

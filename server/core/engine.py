@@ -11,6 +11,9 @@ Contract, checked against both engines by tests/contract/:
    refuse bad adapters with `AdapterInvalid` without harming the engine.
 5. `output_parser` gives a fresh parser per answer (and per choice) when the engine has a
    parser configured for what the spec asks; parsers never raise for odd model output.
+6. Every prompt is fitted to the context by `fit_prompt` (server/core/budget.py) once it is
+   tokenized: the engine keeps the prompt tokens and generates at most the tokens it says, and
+   its refusals (in the protocol's words) raise before `Started`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Sequence
 from typing import Protocol
 
+from server.core.budget import Budget, fit
 from server.core.types import (
     AdapterHandle,
     ChatPrompt,
@@ -85,3 +89,24 @@ class Engine(Protocol):
     def stats(self) -> EngineStats: ...
 
     async def shutdown(self) -> None: ...
+
+
+def fit_prompt(
+    request: GenerationRequest,
+    info: EngineInfo,
+    prompt_tokens: int,
+    *,
+    engine_default: int | None = None,
+) -> Budget:
+    """The request's prompt budget (its policy, truncation and limit) on this engine's model.
+    `engine_default`: the engine's own limit where neither the request nor the model has one."""
+    sampling = request.sampling
+    default = info.defaults.max_new_tokens
+    return fit(
+        prompt_tokens,
+        info.max_model_len,
+        truncate=sampling.truncate_prompt_tokens,
+        max_tokens=sampling.max_new_tokens,
+        default_max_tokens=engine_default if default is None else default,
+        policy=sampling.budget,
+    )

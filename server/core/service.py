@@ -3,18 +3,17 @@ policy. Protocols never see the engine: they tokenize, describe the model, check
 generate through this class.
 
 Generation: lifecycle gate → admission (concurrency + bounded queue served round-robin across
-adapters; a batch's prompts are admitted together) → model/adapter resolution → prompt fitting
-(after admission, so a refused request costs no tokenization) → engine → an `EventStream`
-primed up to its first output, so errors before the first byte raise here and get a real
-status. Closing the stream (client gone, stopInfer, drain) aborts the engine request and
-releases everything it held.
+adapters; a batch's prompts are admitted together) → model/adapter resolution → engine (which
+fits the tokenized prompt to the context: server/core/budget.py) → an `EventStream` primed up to
+its first output, so errors before the first byte raise here and get a real status. Closing the
+stream (client gone, stopInfer, drain) aborts the engine request and releases everything it held.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 
@@ -44,14 +43,7 @@ from server.core.types import (
     GenerationResult,
     ParseSpec,
     SamplingDefaults,
-    TextPrompt,
-    TokenPrompt,
 )
-
-# Given a request and its prompt's token ids (tokenized after admission), the request to run:
-# protocols with their own length rules (TGI `truncate`, `max_new_tokens` vs the context) use it.
-PromptFit = Callable[[GenerationRequest, Sequence[int]], GenerationRequest]
-
 
 CANCEL = "service.cancel"  # the peer operation of `cancel`
 
@@ -123,34 +115,28 @@ class InferenceService:
             raise self._not_found(name)
 
     # ---- generation --------------------------------------------------------------------------
-    async def start(
-        self, request: GenerationRequest, *, fit: PromptFit | None = None
-    ) -> EventStream:
+    async def start(self, request: GenerationRequest) -> EventStream:
         """Admit, resolve, start and prime one request. Raises GatewayError before any output.
         A queued request already counts as in flight, so a drain waits for it too."""
         await self._admit((request,))
-        return await self._launch(request, fit)
+        return await self._launch(request)
 
-    async def generate(
-        self, request: GenerationRequest, *, fit: PromptFit | None = None
-    ) -> GenerationResult:
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
         """The whole answer. Errors raise before anything was answered, so this needs no
         priming: the events are folded as they come."""
         await self._admit((request,))
-        stream = await self._launch(request, fit, prime=False)
+        stream = await self._launch(request, prime=False)
         try:
             return await collect(stream, request_id=request.request_id, model=request.model)
         finally:
             await stream.aclose()
 
-    async def start_batch(
-        self, requests: Sequence[GenerationRequest], *, fit: PromptFit | None = None
-    ) -> BatchStream:
+    async def start_batch(self, requests: Sequence[GenerationRequest]) -> BatchStream:
         """Several requests as one stream (a list of prompts, DJL multi-adapter batches): admitted
         together, started and primed concurrently, all closed if any fails to start. Choice i of
         request k becomes k * n + i; every `Started` says its prompt; one `Done` sums the usage."""
         await self._admit(requests)
-        tasks = [asyncio.ensure_future(self._launch(r, fit)) for r in requests]
+        tasks = [asyncio.ensure_future(self._launch(r)) for r in requests]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         finally:
@@ -162,10 +148,8 @@ class InferenceService:
             raise failure or asyncio.CancelledError()
         return BatchStream(streams)
 
-    async def generate_batch(
-        self, requests: Sequence[GenerationRequest], *, fit: PromptFit | None = None
-    ) -> GenerationResult:
-        events = await self.start_batch(requests, fit=fit)
+    async def generate_batch(self, requests: Sequence[GenerationRequest]) -> GenerationResult:
+        events = await self.start_batch(requests)
         try:
             return await collect(events, request_id=requests[0].request_id, model=requests[0].model)
         finally:
@@ -241,15 +225,11 @@ class InferenceService:
                 f"This instance has the role {role.value} and takes no new requests from clients."
             )
 
-    async def _launch(
-        self, request: GenerationRequest, fit: PromptFit | None, *, prime: bool = True
-    ) -> EventStream:
-        """Resolve, fit and start one admitted request (it holds one slot until closed)."""
+    async def _launch(self, request: GenerationRequest, *, prime: bool = True) -> EventStream:
+        """Resolve and start one admitted request (it holds one slot until closed)."""
         adapter: AdapterHandle | None = None
         try:
             adapter = await self._resolve(request)
-            if fit is not None:
-                request = fit(request, await self._prompt_ids(request))
         except BaseException as exc:
             if adapter is not None:
                 self.adapters.release(adapter)
@@ -296,14 +276,6 @@ class InferenceService:
             raise self._not_found(request.model)
         return await on_engine(self.adapters.acquire(request.model))
 
-    async def _prompt_ids(self, request: GenerationRequest) -> Sequence[int]:
-        prompt = request.prompt
-        if isinstance(prompt, TokenPrompt):
-            return prompt.token_ids
-        if isinstance(prompt, TextPrompt):
-            return await self.tokenize(prompt.text, add_special_tokens=prompt.add_special_tokens)
-        return await self.tokenize(prompt, add_special_tokens=False)
-
     def _not_found(self, name: str) -> ModelNotFound:
         return ModelNotFound(
             f"The model `{name}` does not exist. Valid aliases: "
@@ -345,4 +317,4 @@ async def _settle(tasks: Sequence[asyncio.Future[EventStream]]) -> list[EventStr
     return [t.result() for t in tasks if not t.cancelled() and t.exception() is None]
 
 
-__all__ = ["EventStream", "InferenceService", "Limits", "PromptFit", "RequestObserver", "Timing"]
+__all__ = ["EventStream", "InferenceService", "Limits", "RequestObserver", "Timing"]

@@ -1,12 +1,15 @@
 """Protocol-neutral generation types: the one request every protocol becomes, and the events back.
 
-Imports nothing from this project and nothing outside the standard library.
+Imports nothing outside the standard library, and from this project only the prompt budget's
+policy (server/core/budget.py), which a request carries.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+from server.core.budget import REFUSE, BudgetPolicy
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,7 +34,8 @@ class StructuredOutput:
 class Sampling:
     """Sampling knobs, already validated by the protocol that produced them.
 
-    `max_new_tokens=None` means "as many as the context allows" (vLLM chat default).
+    `max_new_tokens=None` means the model's default, else as many as the context allows;
+    `truncate_prompt_tokens` keeps the prompt's last tokens (server/core/budget.py).
     """
 
     max_new_tokens: int | None = None
@@ -57,9 +61,7 @@ class Sampling:
     bad_words: tuple[str, ...] = ()
     truncate_prompt_tokens: int | None = None
     structured: StructuredOutput | None = None
-    # vLLM's OpenAI server cuts a max_new_tokens the prompt leaves no room for; the other
-    # protocols' servers refuse such a request.
-    cut_to_context: bool = False
+    budget: BudgetPolicy = REFUSE  # the protocol's prompt budget rules and words (core/budget.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -200,6 +202,7 @@ class Started:
     prompt_text: str | None = None
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
     prompt_index: int = 0
+    max_tokens: int | None = None  # the output limit the prompt budget set (server/core/budget.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

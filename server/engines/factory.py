@@ -14,7 +14,8 @@ from server.settings import Settings, SettingsError, resolve_path
 
 if TYPE_CHECKING:
     from server.engines.fake import FakeScript
-    from server.engines.vllm import ClientPlace, CoreLaunch, VllmEngineOptions
+    from server.engines.vllm_launch import ClientPlace, CoreLaunch
+    from server.engines.vllm_options import VllmEngineOptions
 
 logger = logging.getLogger("gateway")
 
@@ -53,13 +54,13 @@ def launch_core(settings: Settings, workers: int) -> CoreLaunch | None:
     worker then runs its own, which keeps no state a request could see)."""
     if settings.engine == "fake":
         return None
-    from server.engines.vllm import CoreLaunch
+    from server.engines.vllm_launch import CoreLaunch
 
     return CoreLaunch(vllm_options(settings), workers)
 
 
 def vllm_options(settings: Settings) -> VllmEngineOptions:
-    from server.engines.vllm import VllmEngineOptions
+    from server.engines.vllm_options import VllmEngineOptions
 
     model, lora = settings.model, settings.lora
     return VllmEngineOptions(

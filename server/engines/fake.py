@@ -1,10 +1,12 @@
 """FakeEngine: deterministic, dependency-free, scriptable. For unit and timing tests only.
 
 Token i of choice c is the ((i + c) mod len)-th word of the rendered prompt, each followed by a
-space; with an adapter active, the first token is "[<adapter>]". Stop strings, max_new_tokens and
-n are honoured. Streamed requests get one delta per token (yielding to the event loop between
-tokens, as a real engine's output handler does); others get each choice in one delta, as vLLM's
-final-only outputs, with the token times in `Done.timing`. Every request and abort is recorded.
+space; with an adapter active, the first token is "[<adapter>]". Each word of the prompt is a
+token: the request's prompt budget (server/core/budget.py) fits them to the 512-token context as
+on vLLM, truncation and refusals included. Stop strings, max_new_tokens and n are honoured.
+Streamed requests get one delta per token (yielding to the event loop between tokens, as a real
+engine's output handler does); others get each choice in one delta, as vLLM's final-only
+outputs, with the token times in `Done.timing`. Every request and abort is recorded.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Generator
 from dataclasses import dataclass, field, replace
 
+from server.core.engine import fit_prompt
 from server.core.errors import (
     AdapterInvalid,
-    ContextLengthExceeded,
     EngineError,
     GatewayError,
     InvalidRequest,
@@ -52,6 +54,7 @@ from server.engines.fake_parsing import FakeOutputParser, example_json
 
 VOCAB = 1000
 REMEMBERED = 1000
+DEFAULT_MAX_TOKENS = 16  # for a request and a model without a limit (vLLM's: the whole room)
 
 
 @dataclass(kw_only=True)
@@ -120,8 +123,9 @@ class FakeEngine:
             raise self.script.reject_with
         _check_vocabulary(request.prompt)
         words, prompt_ids = _words_of(request.prompt)
-        if len(words) >= self.info().max_model_len:
-            raise ContextLengthExceeded("prompt is longer than the context")
+        budget = fit_prompt(request, self._info, len(words), engine_default=DEFAULT_MAX_TOKENS)
+        if budget.keep < len(words):  # truncated: the last words stay
+            words, prompt_ids = words[-budget.keep :], prompt_ids[-budget.keep :]
         abort = self._aborts[engine_request_id] = asyncio.Event()
         self.running += 1
         self._count(adapter, 1)
@@ -130,12 +134,13 @@ class FakeEngine:
             yield Started(
                 prompt_token_ids=prompt_ids,
                 prompt_logprobs=_prompt_logprobs(words, prompt_ids, request),
+                max_tokens=budget.max_tokens,
             )
             if not request.stream:
                 await asyncio.sleep(0)  # one turn of the loop per request, as one final output
             completion = 0
             for choice in range(request.sampling.n):
-                tokens = _Tokens(request, words, prompt_ids, choice, adapter, self._info)
+                tokens = _Tokens(request, words, prompt_ids, choice, adapter, budget.max_tokens)
                 if request.stream:
                     async for delta in self._stream(tokens, abort, clock):
                         completion += len(delta.token_ids)
@@ -299,11 +304,10 @@ class _Tokens:
         word_ids: tuple[int, ...],
         choice: int,
         adapter: AdapterHandle | None,
-        info: EngineInfo,
+        limit: int,
     ) -> None:
         self.choice = choice
-        asked = request.sampling.max_new_tokens or info.defaults.max_new_tokens or 16
-        self.limit = min(asked, info.max_model_len)  # as a real engine, never past its context
+        self.limit = limit  # the prompt budget's: never past the context
         self.logprobs = request.output.logprobs
         self._stops = request.sampling.stop
         self._words = words

@@ -36,7 +36,7 @@ from server.runtime.worker_link import MirrorRegistry, OwnerLink, RegistryOwner
 from server.settings import Settings
 
 if TYPE_CHECKING:
-    from server.engines.vllm import ClientPlace
+    from server.engines.vllm_launch import ClientPlace
 
 ROLES = tuple(Role)
 START_TIMEOUT_S = 900.0  # every worker started (engine clients, adapters) within this

@@ -42,7 +42,7 @@ from server.runtime.worker import Worker
 from server.settings import Settings
 
 if TYPE_CHECKING:
-    from server.engines.vllm import ClientPlace, CoreLaunch
+    from server.engines.vllm_launch import ClientPlace, CoreLaunch
 
 logger = logging.getLogger("gateway")
 EXIT_GRACE_S = 10.0  # after the drain timeout, how long workers get to exit before SIGKILL

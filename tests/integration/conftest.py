@@ -65,7 +65,8 @@ def generated_ids(events: list[GenerationEvent], choice: int = 0) -> list[int]:
 def vllm_harness() -> Iterator[Harness]:
     """vLLM on the demo model, in this process, for every engine test of the package."""
     from server.dev.demo_model import build_demo
-    from server.engines.vllm import VllmEngineOptions, create
+    from server.engines.vllm import create
+    from server.engines.vllm_options import VllmEngineOptions
 
     build_demo(DEMO)
     options = VllmEngineOptions(

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from protocols.common.budget import VLLM_CUTS, VLLM_REFUSES
 from server.core.engine import Engine
 from server.core.errors import AdapterInvalid, InvalidRequest, Unsupported
 from server.core.types import (
@@ -110,10 +111,10 @@ def test_max_new_tokens_is_cut_to_the_room_the_prompt_leaves(harness: Harness) -
     """vLLM 0.32's OpenAI server cuts; only a limit beyond the whole context is refused."""
     with pytest.raises(InvalidRequest, match="cannot be greater than max_model_len"):
         harness.events(
-            request(TokenPrompt((5,) * 10), max_new_tokens=MAX_MODEL_LEN + 1, cut_to_context=True)
+            request(TokenPrompt((5,) * 10), max_new_tokens=MAX_MODEL_LEN + 1, budget=VLLM_CUTS)
         )
     events = harness.events(
-        request(TokenPrompt((5,) * 100), max_new_tokens=29, ignore_eos=True, cut_to_context=True)
+        request(TokenPrompt((5,) * 100), max_new_tokens=29, ignore_eos=True, budget=VLLM_CUTS)
     )
     assert len(generated_ids(events)) == MAX_MODEL_LEN - 100
 
@@ -121,9 +122,9 @@ def test_max_new_tokens_is_cut_to_the_room_the_prompt_leaves(harness: Harness) -
 def test_a_limit_the_prompt_leaves_no_room_for_is_refused_unless_cut(harness: Harness) -> None:
     """The other protocols' servers refuse what vLLM's OpenAI server would cut."""
     with pytest.raises(InvalidRequest, match="maximum context length is 128 tokens"):
-        harness.events(request(TokenPrompt((5,) * 100), max_new_tokens=29))
+        harness.events(request(TokenPrompt((5,) * 100), max_new_tokens=29, budget=VLLM_REFUSES))
     with pytest.raises(InvalidRequest, match="leaves no room for any output tokens"):
-        harness.events(request(TokenPrompt((5,) * MAX_MODEL_LEN)))
+        harness.events(request(TokenPrompt((5,) * MAX_MODEL_LEN), budget=VLLM_REFUSES))
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from server.core.engine import fit_prompt
 from server.core.types import GenerationRequest, Sampling
 from server.engines.fake import FakeEngine
 from tests.unit.demo_kit import model_with_defaults
@@ -66,7 +67,8 @@ async def test_the_service_reports_the_models_defaults(gw: Gw) -> None:
 async def test_tgi_sampled_request_takes_the_model_defaults(gw: Gw, path: str) -> None:
     await gw.post(path, {"inputs": "a b c", "parameters": {"do_sample": True}})
     assert knobs(gw.sent.sampling) == MODEL
-    assert gw.sent.sampling.max_new_tokens == 64  # TGI fits it to the room itself
+    # the engine's prompt budget applies the model's 64 within the room, as TGI's router
+    assert fit_prompt(gw.sent, gw.engine.info(), prompt_tokens=3).max_tokens == 64
 
 
 async def test_tgi_without_parameters_samples_with_the_model_defaults(gw: Gw) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from protocols.tgi import errors, translate
 from protocols.tgi.schema import GenerateRequest
+from server.core.budget import Budget, fit
 from server.core.errors import (
     AdapterNotFound,
     EngineError,
@@ -24,14 +25,12 @@ from server.core.types import (
     Delta,
     EngineInfo,
     FinishReason,
-    GenerationRequest,
     GenerationResult,
     SamplingDefaults,
     Started,
     StructuredOutput,
     TextPrompt,
     TokenLogprob,
-    TokenPrompt,
     TopLogprob,
     Usage,
 )
@@ -253,12 +252,12 @@ def test_a_greedy_request_stays_greedy_but_takes_the_default_penalties() -> None
 
 def test_max_new_tokens_defaults_to_the_models_limit_within_the_room() -> None:
     def fitted_max(plan: translate.Plan, prompt_tokens: int) -> int | None:
-        return fitted(plan, [5] * prompt_tokens).sampling.max_new_tokens
+        return fitted(plan, prompt_tokens, default=64).max_tokens
 
     assert fitted_max(planned(), 3) == 64
     assert fitted_max(planned(), 500) == 12  # 512 - 500: a default never makes it too long
     assert fitted_max(planned(max_new_tokens=100), 3) == 100
-    assert fitted_max(plan_of(), 3) == 509  # no model default: the rest of the context
+    assert fitted(plan_of(), 3).max_tokens == 509  # no model default: the rest of the context
 
 
 def test_stop_sequences_stay_in_the_text_like_tgi() -> None:
@@ -278,10 +277,16 @@ def test_best_of_runs_as_n_choices_with_logprobs() -> None:
     assert plan.sampling.n == 2 and plan.output.logprobs == 0
 
 
-def fitted(plan: translate.Plan, token_ids: list[int]) -> GenerationRequest:
-    """The request as the service runs it: planned, then fitted to its tokenized prompt."""
-    request = translate.to_generation_request(plan, request_id="r")
-    return translate.fit_prompt(plan, LIMITS)(request, token_ids)
+def fitted(
+    plan: translate.Plan, prompt_tokens: int, *, context: int = 512, default: int | None = None
+) -> Budget:
+    """What the engine's prompt budget decides for the planned request, once its prompt is
+    tokenized (`default`: the model's limit)."""
+    s = translate.to_generation_request(plan, request_id="r").sampling
+    return fit(
+        prompt_tokens, context, truncate=s.truncate_prompt_tokens, max_tokens=s.max_new_tokens,
+        default_max_tokens=default, policy=s.budget,
+    )
 
 
 def test_adapter_id_becomes_the_model() -> None:
@@ -294,18 +299,16 @@ def test_adapter_id_becomes_the_model() -> None:
 
 
 def test_truncate_keeps_the_last_tokens() -> None:
-    request = fitted(plan_of(truncate=2), [1, 5, 6, 7])
-    assert request.prompt == TokenPrompt((6, 7))
+    assert fitted(plan_of(truncate=2), 4).keep == 2  # the fake engine's test shows which
 
 
 def test_max_new_tokens_defaults_to_the_rest_of_the_context() -> None:
-    request = fitted(plan_of(), [1, 5, 6])
-    assert request.sampling.max_new_tokens == 509
+    assert fitted(plan_of(), 3).max_tokens == 509
 
 
 def test_inputs_plus_max_new_tokens_over_the_total_is_refused() -> None:
     with pytest.raises(InvalidRequest) as caught:
-        fitted(plan_of(max_new_tokens=510), [1, 5, 6])
+        fitted(plan_of(max_new_tokens=510), 3)
     assert caught.value.message == (
         "`inputs` tokens + `max_new_tokens` must be <= 512. Given: 3 `inputs` tokens and 510 "
         "`max_new_tokens`"
@@ -315,7 +318,7 @@ def test_inputs_plus_max_new_tokens_over_the_total_is_refused() -> None:
 def test_the_check_counts_at_most_tgis_1024_token_round() -> None:
     """validation.rs: input + min(max_new_tokens, 1024) must fit; the message names that."""
     with pytest.raises(InvalidRequest) as caught:
-        fitted(plan_of(max_new_tokens=100_000), [1, 5, 6])
+        fitted(plan_of(max_new_tokens=100_000), 3)
     assert caught.value.message == (
         "`inputs` tokens + `max_new_tokens` must be <= 512. Given: 3 `inputs` tokens and 1024 "
         "`max_new_tokens`"
@@ -327,25 +330,18 @@ def test_the_check_counts_at_most_tgis_1024_token_round() -> None:
 def test_a_limit_that_passes_the_check_generates_at_most_to_the_full_context(
     asked: int, runs: int
 ) -> None:
-    big = translate.Limits(max_input_tokens=2047, max_total_tokens=2048)
-    plan = plan_of(max_new_tokens=asked)
-    request = translate.to_generation_request(plan, request_id="r")
-    fitted_request = translate.fit_prompt(plan, big)(request, [1, 5, 6])
-    assert fitted_request.sampling.max_new_tokens == runs
+    assert fitted(plan_of(max_new_tokens=asked), 3, context=2048).max_tokens == runs
 
 
 def test_the_1024_round_is_refused_when_the_context_cannot_hold_it() -> None:
-    big = translate.Limits(max_input_tokens=2047, max_total_tokens=2048)
-    plan = plan_of(max_new_tokens=5000)
-    request = translate.to_generation_request(plan, request_id="r")
     with pytest.raises(InvalidRequest, match=r"Given: 1100 `inputs` tokens and 1024 `max_new"):
-        translate.fit_prompt(plan, big)(request, [7] * 1100)
+        fitted(plan_of(max_new_tokens=5000), 1100, context=2048)
 
 
 def test_inputs_longer_than_the_input_limit_are_refused() -> None:
     expected = r"`inputs` must have less than 511 tokens\. Given: 512"
     with pytest.raises(InvalidRequest, match=expected):
-        fitted(plan_of(), [1] * 512)
+        fitted(plan_of(), 512)
 
 
 # ---- responses ----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ to reach the translators' own checks).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -28,6 +29,7 @@ from protocols.openai_v1 import requests as openai
 from protocols.openai_v1 import schema as openai_schema
 from protocols.tgi import schema as tgi_schema
 from protocols.tgi import translate as tgi
+from server.core.budget import fit
 from server.core.errors import GatewayError, InvalidRequest
 from server.core.types import GenerationRequest, Sampling
 from server.http import jsonio
@@ -188,9 +190,14 @@ def tgi_generate(data: Any, *, stream: bool) -> list[GenerationRequest]:
     limits = tgi.Limits.of(BOUNDS, MAX_MODEL_LEN)
     body = parse_model(tgi_schema.GenerateRequest, data)
     plan = tgi.plan(body, limits, stream=stream)
-    token_ids = list(range(min(len(body.inputs), 600)))  # the service tokenizes these
+    prompt_tokens = min(len(body.inputs), 600)  # as the engine tokenizes them
     request = tgi.to_generation_request(plan, request_id="r")
-    return [tgi.fit_prompt(plan, limits)(request, token_ids)]
+    s = request.sampling
+    budget = fit(
+        prompt_tokens, MAX_MODEL_LEN, truncate=s.truncate_prompt_tokens,
+        max_tokens=s.max_new_tokens, default_max_tokens=None, policy=s.budget,
+    )
+    return [replace(request, sampling=replace(s, max_new_tokens=budget.max_tokens))]
 
 
 TGI_PARAMETERS = {
