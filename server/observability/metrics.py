@@ -44,14 +44,18 @@ from server.http.context import LatencyWindows, access_note_var
 from server.http.routes import MANAGEMENT, METRICS, Access, Answer, Doc, Render, Route, RouteList
 from server.observability.families import Counter, Gauge, Histogram, Value
 from server.observability.logs import RequestLog, access_line
-from server.observability.model_server import ModelServerContract
+from server.observability.model_server import (
+    GATEWAY_ADAPTER_QUEUED,
+    GATEWAY_QUEUED,
+    ModelServerContract,
+)
 from server.observability.shared import INTERNAL, SharedFiles, live_sums, multiprocess_dir
 from server.observability.shared import worker_exited as worker_exited  # the supervisor's hook
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 BUILT_IN = ("health", "control", "metrics", "other")  # labels of the gateway's own requests
 NAME = "metrics"
-QUEUED = "gateway_requests_queued"
+QUEUED = GATEWAY_QUEUED
 QUEUED_DOC = "Requests waiting for an admission slot."
 # Internal livesum gauges of multiprocess mode (never exposed): per-adapter queued slots, and
 # the sum and length of each worker's MindIE windows.
@@ -531,7 +535,7 @@ class AdapterCollector(Collector):
             labels=["adapter"],
         )
         queued = GaugeMetricFamily(
-            "gateway_adapter_requests_queued", "Requests waiting for an admission slot.",
+            GATEWAY_ADAPTER_QUEUED, "Requests waiting for an admission slot.",
             labels=["adapter"],
         )
         waiting = self._queued()

@@ -30,7 +30,10 @@ loaded and idle), `vllm:num_gpu_loaded_lora_adapters`, `vllm:num_cpu_loaded_lora
 
 With several workers the answering worker adds the others' engine requests (asked through
 `server.core.peers` at scrape time) and their admission queues (shared live gauges); the
-adapter registry is the whole server's already.
+adapter registry is the whole server's already. The queues are read once per scrape, and the
+gateway's own queue families (`gateway_requests_queued`, `gateway_adapter_requests_queued`) show
+that same reading: the other workers keep changing their files while a scrape merges them, and
+one scrape must not say 2 queued in one family and 0 in `vllm:num_requests_waiting`.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 LORA_INFO = "vllm:lora_requests_info"
+GATEWAY_QUEUED = "gateway_requests_queued"
+GATEWAY_ADAPTER_QUEUED = "gateway_adapter_requests_queued"
 
 QueueDepth = Callable[[], tuple[float, dict[str, float]]]  # all, and per adapter name
 
@@ -133,6 +138,7 @@ class _Corrected:
             WAITING: engine.waiting + self._load.queued,
             RUNNING: float(engine.running),
             KV_USAGE: used,
+            GATEWAY_QUEUED: self._load.queued,
         }
         for family in self._registry.collect():
             if family.name == LORA_INFO:
@@ -141,6 +147,8 @@ class _Corrected:
                 yield with_value(family, current[family.name])
             elif family.name == WAITING:
                 yield with_gateway_queue(family, self._load.queued)
+            elif family.name == GATEWAY_ADAPTER_QUEUED:
+                yield with_adapter_queues(family, self._load.queued_by_adapter)
             else:
                 yield family
 
@@ -154,25 +162,36 @@ class _Families:
 
 
 def with_value(family: Metric, value: float) -> Metric:
-    """A one-engine family set to the numbers every worker shares (vLLM's own gauge is each
-    worker's copy, merged as the most recently written: vLLM reports a step's numbers to one
-    front end, so another worker's older copy can win)."""
-    out = Metric(family.name, family.documentation, family.type, family.unit)
+    """A one-series family set to the scrape's reading: a one-engine family to the numbers every
+    worker shares (vLLM's own gauge is each worker's copy, merged as the most recently written:
+    vLLM reports a step's numbers to one front end, so another worker's older copy can win), the
+    gateway's queue to the one the contract counts."""
     (sample,) = family.samples
-    out.samples.append(Sample(sample.name, sample.labels, value, sample.timestamp,
-                              sample.exemplar))
-    return out
+    return _revalued(family, [sample._replace(value=value)])
+
+
+def with_adapter_queues(family: Metric, queued: dict[str, float]) -> Metric:
+    """`gateway_adapter_requests_queued` (a series per registered adapter) set to the scrape's
+    reading of the queues, the one `vllm:lora_requests_info` lists its waiting adapters from."""
+    return _revalued(family, [
+        sample._replace(value=queued.get(sample.labels.get("adapter", ""), 0.0))
+        for sample in family.samples
+    ])
 
 
 def with_gateway_queue(family: Metric, queued: float) -> Metric:
     """`vllm:num_requests_waiting` plus the gateway's queue, added to the first engine's series
     (one series per engine core; the admission queue is in front of them all)."""
-    out = Metric(family.name, family.documentation, family.type, family.unit)
     samples = sorted(family.samples, key=lambda s: s.labels.get("engine", ""))
-    for index, sample in enumerate(samples):
-        extra = queued if index == 0 else 0.0
-        out.samples.append(Sample(sample.name, sample.labels, sample.value + extra,
-                                  sample.timestamp, sample.exemplar))
+    return _revalued(family, [
+        sample._replace(value=sample.value + (queued if index == 0 else 0.0))
+        for index, sample in enumerate(samples)
+    ])
+
+
+def _revalued(family: Metric, samples: list[Sample]) -> Metric:
+    out = Metric(family.name, family.documentation, family.type, family.unit)
+    out.samples.extend(samples)
     return out
 
 

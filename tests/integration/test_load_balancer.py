@@ -1,10 +1,12 @@
-"""A real HAProxy (Debian's package, deploy/haproxy.cfg as shipped) in front of two gateway
-replicas on the real engine: a plain rolling restart (/stopService on one replica, wait for its
-exit, start it again, then the other; no `state drain` step on the balancer) under steady
-mixed-protocol load loses no request and cuts no stream, thanks to the replicas' lame-duck period
-(`ServerConfig.drainDelay`, its default: readiness fails at once, what HAProxy still sends before
-its health check takes the replica out is served). The restarted replicas' logs show each
-start-up phase once.
+"""A real HAProxy (Debian's package, each shipped config as it is: deploy/haproxy.cfg's least
+connections, and deploy/haproxy-affinity.cfg's hashing by adapter with the load on adapters a1-a3
+and the base model) in front of two gateway replicas on the real engine: a plain rolling restart
+(/stopService on one replica, wait for its exit, start it again, then the other; no `state drain`
+step on the balancer) under steady mixed-protocol load loses no request and cuts no stream, thanks
+to the replicas' lame-duck period (`ServerConfig.drainDelay`, its default: readiness fails at
+once, what HAProxy still sends before its health check takes the replica out is served). With
+affinity, the stopped replica's adapters move to the other replica (which loads them) and back.
+The restarted replicas' logs show each start-up phase once.
 
 Each replica's engine worker is pinned to its own core (`VLLM_CPU_OMP_THREADS_BIND`): see
 docs/operations.md, "Replicas on one CPU host", for why a restart under load needs it.
@@ -13,6 +15,7 @@ docs/operations.md, "Replicas on one CPU host", for why a restart under load nee
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import re
@@ -28,6 +31,7 @@ import httpx
 import pytest
 
 from tests.integration.traffic import (
+    BASE,
     Outcome,
     Sender,
     async_management_client,
@@ -51,10 +55,13 @@ from tests.serverproc import (
 )
 from tests.tools import debian_tool
 
-# typically 2-3 minutes: two starts, then two restarts under load, each bounded below (on a
-# 2-core host shared with other engines, a start beside the loaded replica took over 3 minutes)
+# each case typically 2-5 minutes: two starts, then two restarts under load, each bounded below
+# (on a 2-core host shared with other engines, a start beside the loaded replica took over 3
+# minutes)
 pytestmark = [pytest.mark.anyio, pytest.mark.engine, pytest.mark.timeout(1800)]
 CONFIG = ROOT / "deploy" / "haproxy.cfg"
+AFFINITY = ROOT / "deploy" / "haproxy-affinity.cfg"
+ADAPTERS = ("a1", "a2", "a3")  # the demo's
 TOKENS = 24
 CLIENTS = 6
 KINDS: tuple[tuple[str, Sender], ...] = (
@@ -143,18 +150,24 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
 
 @dataclass
 class Load:
-    """CLIENTS clients looping over KINDS through the balancer until stopped."""
+    """CLIENTS clients looping over KINDS through the balancer until stopped, each round of
+    KINDS on the next of `models`."""
 
     http: httpx.AsyncClient
+    models: tuple[str, ...]
     outcomes: list[tuple[float, Outcome]] = field(default_factory=list)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    sent: collections.Counter[str] = field(default_factory=collections.Counter)
 
     async def client(self, first: int) -> None:
         turn = first
         while not self.stop.is_set():
             kind, sender = KINDS[turn % len(KINDS)]
+            model = self.models[turn // len(KINDS) % len(self.models)]
             turn += 1
-            outcome = await run_one(self.http, kind, sender, TOKENS)
+            self.sent[model] += 1
+            outcome = await run_one(self.http, kind, functools.partial(sender, model=model),
+                                    TOKENS)
             self.outcomes.append((time.monotonic(), outcome))
 
     def done_since(self, since: float) -> int:
@@ -226,16 +239,22 @@ def start_replicas(tmp: Path) -> dict[str, RunningServer]:
     return replicas
 
 
-async def test_rolling_restart_behind_haproxy_loses_no_request(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("config", "models"), [
+    pytest.param(CONFIG, (BASE,), id="least-connections"),
+    pytest.param(AFFINITY, (*ADAPTERS, BASE), id="adapter-affinity"),
+])
+async def test_rolling_restart_behind_haproxy_loses_no_request(
+    tmp_path: Path, config: Path, models: tuple[str, ...]
+) -> None:
     started = time.monotonic()
     replicas = start_replicas(tmp_path)
     try:
-        with running_balancer(tmp_path, replicas) as balancer:
+        with running_balancer(tmp_path, replicas, config) as balancer:
             limits = httpx.Limits(max_connections=CLIENTS, max_keepalive_connections=CLIENTS)
             async with httpx.AsyncClient(
                 base_url=f"http://127.0.0.1:{balancer.port}", timeout=STEP_S, limits=limits
             ) as http:
-                load = Load(http)
+                load = Load(http, models)
                 clients = [asyncio.create_task(load.client(i)) for i in range(CLIENTS)]
                 await asyncio.sleep(3)
                 problems, lame_duck = await rolling_restart(balancer, replicas, tmp_path, load)
@@ -249,9 +268,11 @@ async def test_rolling_restart_behind_haproxy_loses_no_request(tmp_path: Path) -
     outcomes = [outcome for _, outcome in load.outcomes]
     failed = [p for p in (complete(o, TOKENS) for o in outcomes) if p]
     kinds = {o.kind for o in outcomes}
-    print(f"{len(outcomes)} answers in {time.monotonic() - started:.0f}s, {len(failed)} failed; "
-          f"admitted during the lame-duck period: {lame_duck}")
+    print(f"{config.name}: {len(outcomes)} answers in {time.monotonic() - started:.0f}s, "
+          f"{len(failed)} failed; sent per model {dict(load.sent)}; admitted during the "
+          f"lame-duck period: {lame_duck}")
     assert problems == []
     assert failed == []
     assert kinds == {kind for kind, _ in KINDS} and len(outcomes) >= 100
+    assert set(load.sent) == set(models)
     assert {name: start_up_problems(log) for name, log in logs.items()} == {"r1": [], "r2": []}

@@ -5,6 +5,12 @@ some in the gateway's admission queue. `/metrics` must count all four as waiting
 as running and a1, a2 alone as waiting, in one `vllm:lora_requests_info` series, whichever
 worker answers the scrape.
 
+`maxConcurrentRequests` is the server's (4): with two workers each admits 2, and the kernel puts
+each connection on either worker, so where the four wait (the gateway or the engine) varies
+from run to run while what the contract says does not. (The test once divided the limit by the
+workers as well: 1 slot a worker, and when the kernel put both a3 requests on one worker the
+second waited for the first to end, so about half the runs failed.)
+
 The a3 requests are long (maxModelLen above the demo model's 512 positions, allowed by vLLM's
 VLLM_ALLOW_LONG_MAX_MODEL_LEN: the output is noise, the timing is what counts) and are closed
 by the test once it has read the metrics; nothing here waits on a clock.
@@ -36,8 +42,10 @@ def overrides(workers: int) -> dict[str, object]:
         "ServerConfig": {"workers": workers},
         "ModelConfig": {"maxNumSeqs": 2, "maxModelLen": 8192},
         "LoraConfig": {"maxLoras": 2, "maxCpuLoras": 4},
-        # 4 requests in the engine at most (2 running, 2 in its queue); the rest queue here
-        "LimitsConfig": {"maxConcurrentRequests": 4 // workers, "maxQueue": 64},
+        # the server's limits (each worker takes its share, 2 of 4 with two workers): the two a3
+        # holders are admitted wherever the kernel puts their connections, 4 requests at most
+        # reach the engine (2 running, the rest in its queue) and the rest queue here
+        "LimitsConfig": {"maxConcurrentRequests": 4, "maxQueue": 64, "queueTimeout": WAIT_S},
     }
 
 
@@ -58,7 +66,12 @@ async def scrape(server: RunningServer) -> Families:
     async with httpx.AsyncClient(timeout=60) as http:
         response = await http.get(f"{server.metrics_url}/metrics")
     assert response.status_code == 200
-    return parse(response.text)
+    families = parse(response.text)
+    # one reading of the queues per scrape, whatever the other workers do meanwhile
+    queued = total(families, "gateway_requests_queued")
+    waiting = total(families, "vllm:num_requests_waiting")
+    assert waiting >= queued, f"{waiting} waiting, {queued} of them in the gateway's queue"
+    return families
 
 
 async def poll(server: RunningServer, ready: Callable[[Families], bool]) -> Families:
@@ -105,6 +118,7 @@ async def scenario(server: RunningServer) -> tuple[Families, list[Families]]:
         queued = [asyncio.create_task(short(http, a)) for a in ("a1", "a2", "a1", "a2")]
         seen = await poll(server, lambda f: total(f, "vllm:num_requests_waiting") >= 4)
         again = [await scrape(server) for _ in range(4)]  # either worker, same story
+        assert not any(task.done() for task in holders), "an a3 stream ended before the reads"
         for task in holders:
             task.cancel()
         await asyncio.gather(*holders, return_exceptions=True)
@@ -116,7 +130,10 @@ def check_contract(families: Families, *, workers: int) -> None:
     assert total(families, "vllm:num_requests_waiting") == 4
     assert total(families, "vllm:num_requests_running") == 2
     queued = total(families, "gateway_requests_queued")
-    assert queued >= 2 if workers > 1 else queued == 2
+    # one worker: 2 of the 4 in the engine's queue; two: each admits 2, wherever the kernel put
+    # the connections, so 2 to 4 queue here and the rest in the engine
+    assert 2 <= queued <= 4 if workers > 1 else queued == 2
+    assert total(families, "gateway_adapter_requests_queued") == queued
     info = families["vllm:lora_requests_info"]
     assert len(info) == 1, info  # one series per server: vLLM's own is replaced
     labels, stamp = info[0]
@@ -141,14 +158,7 @@ def check_contract(families: Families, *, workers: int) -> None:
 
 @pytest.mark.engine
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("workers", [
-    1,
-    pytest.param(2, marks=pytest.mark.skip(reason=(
-        "open (issue 22): passed once, then failed 4 times on a loaded machine: scrapes showed "
-        "1 request running and 3 queued in the gateways while both a3 streams had started; a "
-        "failing run costs its 300 s poll, so it stays out of make test until it is explained"
-    ))),
-])
+@pytest.mark.parametrize("workers", [1, 2])
 def test_queue_depth_and_adapter_split_count_the_gateways_queue(
     tmp_path: Path, workers: int
 ) -> None:

@@ -15,6 +15,7 @@ import httpx
 from tests.serverproc import CERTS, RunningServer
 
 PROMPT = "the gateway keeps every stream alive while it drains"
+BASE = "tiny"  # the demo's base model; the senders below take an adapter's name instead
 
 
 def management_tls() -> ssl.SSLContext:
@@ -76,13 +77,15 @@ async def _json(http: httpx.AsyncClient, outcome: Outcome, path: str, body: dict
 Sender = Callable[[httpx.AsyncClient, Outcome, int], Awaitable[None]]
 
 
-async def openai_chat_stream(http: httpx.AsyncClient, out: Outcome, tokens: int) -> None:
+async def openai_chat_stream(
+    http: httpx.AsyncClient, out: Outcome, tokens: int, model: str = BASE
+) -> None:
     await _stream(
         http,
         out,
         "/v1/chat/completions",
         {
-            "model": "tiny",
+            "model": model,
             "messages": [{"role": "user", "content": PROMPT}],
             "stream": True,
             "max_tokens": tokens,
@@ -92,13 +95,15 @@ async def openai_chat_stream(http: httpx.AsyncClient, out: Outcome, tokens: int)
     )
 
 
-async def openai_completion(http: httpx.AsyncClient, out: Outcome, tokens: int) -> None:
+async def openai_completion(
+    http: httpx.AsyncClient, out: Outcome, tokens: int, model: str = BASE
+) -> None:
     await _json(
         http,
         out,
         "/v1/completions",
         {
-            "model": "tiny",
+            "model": model,
             "prompt": PROMPT,
             "max_tokens": tokens,
             "ignore_eos": True,
@@ -106,16 +111,13 @@ async def openai_completion(http: httpx.AsyncClient, out: Outcome, tokens: int) 
     )
 
 
-async def tgi_generate_stream(http: httpx.AsyncClient, out: Outcome, tokens: int) -> None:
-    await _stream(
-        http,
-        out,
-        "/generate_stream",
-        {
-            "inputs": PROMPT,
-            "parameters": {"max_new_tokens": tokens, "details": True},
-        },
-    )
+async def tgi_generate_stream(
+    http: httpx.AsyncClient, out: Outcome, tokens: int, model: str = BASE
+) -> None:
+    parameters: dict[str, Any] = {"max_new_tokens": tokens, "details": True}
+    if model != BASE:
+        parameters["adapter_id"] = model
+    await _stream(http, out, "/generate_stream", {"inputs": PROMPT, "parameters": parameters})
 
 
 async def triton_generate_stream(http: httpx.AsyncClient, out: Outcome, tokens: int) -> None:
@@ -131,11 +133,13 @@ async def triton_generate_stream(http: httpx.AsyncClient, out: Outcome, tokens: 
     )
 
 
-async def triton_generate(http: httpx.AsyncClient, out: Outcome, tokens: int) -> None:
+async def triton_generate(
+    http: httpx.AsyncClient, out: Outcome, tokens: int, model: str = BASE
+) -> None:
     await _json(
         http,
         out,
-        "/v2/models/tiny/generate",
+        f"/v2/models/{model}/generate",
         {"text_input": PROMPT, "parameters": {"max_tokens": tokens, "ignore_eos": True}},
     )
 

@@ -39,6 +39,15 @@ def load(**engine: AdapterLoad) -> ServerLoad:
     )
 
 
+def corrected(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """`registry` as /metrics serves it with `load()`'s readings: (name, labels) -> value."""
+    text = generate_latest(_Corrected(registry, load())).decode()  # type: ignore[arg-type]
+    return {
+        (s.name, tuple(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text) for s in family.samples
+    }
+
+
 def test_running_and_waiting_are_split_by_where_the_requests_are() -> None:
     state = load(a2=AdapterLoad(running=1, waiting=0), a3=AdapterLoad(running=1, waiting=2))
     assert state.running_adapters() == ["a2", "a3"]
@@ -70,12 +79,7 @@ def test_vllms_queue_depth_gets_the_gateways_queue_and_its_lora_info_is_dropped(
     waiting.labels("0").set(2)
     info = Gauge("vllm:lora_requests_info", "i", ["running_lora_adapters"], registry=registry)
     info.labels("a1,a2").set(1)
-    text = generate_latest(_Corrected(registry, load())).decode()  # type: ignore[arg-type]
-    samples = {
-        (s.name, tuple(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text) for s in family.samples
-    }
-    assert samples == {
+    assert corrected(registry) == {
         ("vllm:num_requests_waiting", (("engine", "0"),)): 5.0,  # 2 + the gateway's 3, once
         ("vllm:num_requests_waiting", (("engine", "1"),)): 5.0,
     }
@@ -94,12 +98,24 @@ def test_one_engines_numbers_are_the_shared_ones_plus_the_gateways_queue() -> No
     for name, stale in (("vllm:num_requests_waiting", 7), ("vllm:num_requests_running", 0),
                         ("vllm:kv_cache_usage_perc", 0.9)):
         Gauge(name, "g", labels, registry=registry).labels("0", "tiny").set(stale)
-    text = generate_latest(_Corrected(registry, load())).decode()  # type: ignore[arg-type]
-    samples = {
-        s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
-    }
+    samples = {name: value for (name, _), value in corrected(registry).items()}
     assert samples == {
         "vllm:num_requests_waiting": 4.0,  # the engine's 1 and the gateway's 3
         "vllm:num_requests_running": 2.0,
         "vllm:kv_cache_usage_perc": 0.25,
+    }
+
+
+def test_the_gateways_queue_families_show_the_scrapes_one_reading() -> None:
+    """With workers the others change their files while a scrape merges them: the queue the
+    scrape read for `vllm:num_requests_waiting` is the one its own queue families show."""
+    registry = CollectorRegistry()
+    Gauge("gateway_requests_queued", "q", registry=registry).set(7)
+    per_adapter = Gauge("gateway_adapter_requests_queued", "q", ["adapter"], registry=registry)
+    per_adapter.labels("a1").set(5)
+    per_adapter.labels("a2").set(1)
+    assert corrected(registry) == {
+        ("gateway_requests_queued", ()): 3.0,
+        ("gateway_adapter_requests_queued", (("adapter", "a1"),)): 2.0,
+        ("gateway_adapter_requests_queued", (("adapter", "a2"),)): 0.0,
     }
