@@ -87,6 +87,7 @@ class Gateway:
             keyring=Keyring(security.api_keys, security.admin_keys),
             observer=self.metrics,
             closing=lambda: lifecycle.state is not State.READY,
+            access_notes=self.settings.logging.access_log,
         )
 
     def grpc_interceptor(

@@ -74,6 +74,11 @@ class BatchStream:
         except BaseException as exc:  # forwarded to the reader, raised there
             self._queue.put_nowait((k, exc))
 
+    @property
+    def finished(self) -> bool:
+        """Every request's events ended: closing needs no wait on the engine."""
+        return all(stream.finished for stream in self._streams)
+
     async def aclose(self) -> None:
         if self._closed:
             return

@@ -33,7 +33,7 @@ from server.core.json_limits import check_schema_depth
 from server.core.lifecycle import Lifecycle
 from server.core.overhead import on_engine
 from server.core.peers import Peers
-from server.core.stream import EventStream, NullObserver, RequestObserver, Timing
+from server.core.stream import Deadlines, EventStream, NullObserver, RequestObserver, Timing
 from server.core.types import (
     AdapterHandle,
     ChatPrompt,
@@ -78,6 +78,8 @@ class InferenceService:
         self._active: dict[str, list[EventStream]] = {}
         self._abort_reason: GatewayError | None = None
         self._ids = itertools.count(1)
+        timeout = limits.request_timeout_s
+        self._deadlines = Deadlines(timeout) if timeout else None  # one timer for them all
 
     # ---- the model ---------------------------------------------------------------------------
     def info(self) -> EngineInfo:
@@ -251,7 +253,10 @@ class InferenceService:
         )
         self._active.setdefault(request.request_id, []).append(stream)
         self.observer.admitted(request)
-        stream.arm_deadline(request.timeout_s or self.limits.request_timeout_s)
+        if request.timeout_s or self._deadlines is None:
+            stream.arm_deadline(request.timeout_s)
+        else:
+            self._deadlines.add(stream)
         if not prime:
             return stream
         try:

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from server.core.errors import DeadlineExceeded, GatewayError
 from server.core.overhead import engine_wait_var
+from server.core.timers import DelayQueue
 from server.core.types import (
     AdapterHandle,
     Delta,
@@ -98,10 +100,10 @@ class EventStream:
     """
 
     __slots__ = (
-        "_abort", "_cancel_reason", "_cancelled", "_closed", "_done", "_events", "_failure",
-        "_first_token_at", "_gaps", "_last_token_at", "_observer", "_on_close", "_primed",
-        "_raise_next", "_started_at", "_timer", "_unreported", "_usage", "_wait", "adapter",
-        "engine_id", "request",
+        "__weakref__", "_abort", "_cancel_reason", "_cancelled", "_closed", "_done", "_events",
+        "_failure", "_first_token_at", "_gaps", "_last_token_at", "_next", "_observer",
+        "_on_close", "_primed", "_raise_next", "_started_at", "_timer", "_unreported", "_usage",
+        "_wait", "adapter", "engine_id", "request",
     )
 
     def __init__(  # noqa: PLR0913 - the request, its events and the hooks around them
@@ -119,6 +121,7 @@ class EventStream:
         self.engine_id = engine_id  # the engine's id of this request (unique per process)
         self.adapter = adapter
         self._events = events
+        self._next = events.__anext__  # looked up once: it runs per event
         self._abort = abort
         self._observer = observer
         self._on_close = on_close
@@ -141,12 +144,25 @@ class EventStream:
     def __aiter__(self) -> EventStream:
         return self
 
-    async def __anext__(self) -> GenerationEvent:
+    def __anext__(self) -> Awaitable[GenerationEvent]:
+        # not a coroutine itself: it hands out `_pull()`, one coroutine frame per event, not two
         if self._primed:
-            return self._primed.popleft()
+            return self._next_primed()
         if self._done:
             raise StopAsyncIteration
-        return await self._pull()
+        if self._raise_next:  # the cancel reason, after the output produced before it
+            self._done = True
+            assert self._cancel_reason is not None
+            raise self._cancel_reason
+        return self._pull()
+
+    async def _next_primed(self) -> GenerationEvent:
+        return self._primed.popleft()
+
+    @property
+    def finished(self) -> bool:
+        """The engine's events ended (well or not): closing now needs no wait on the engine."""
+        return self._done and not self._primed
 
     async def prime(self) -> None:
         """Pull events until the first one after `Started`, so early failures raise here."""
@@ -158,19 +174,15 @@ class EventStream:
                     self._wait = None  # the headers go now: later tokens are not measured
                 return
 
-    async def _pull(self) -> GenerationEvent:
-        if self._raise_next:
-            self._done = True
-            assert self._cancel_reason is not None
-            raise self._cancel_reason
+    async def _pull(self) -> GenerationEvent:  # noqa: C901, PLR0912 - token path inlined
         wait = self._wait
         try:
             if wait is None:
-                event = await self._events.__anext__()
+                event = await self._next()
             else:
                 wait.enter()
                 try:
-                    event = await self._events.__anext__()
+                    event = await self._next()
                 finally:
                     wait.leave()
         except StopAsyncIteration:
@@ -182,11 +194,20 @@ class EventStream:
             self._done = True
             self._failure = exc
             raise
-        if type(event) is Delta:  # the per-token path: kept short
+        if type(event) is Delta:  # the per-token path: kept short, no call but the clock's
             if self._cancel_reason is not None and event.finish is not None:
                 return self._end_cancelled(event)
             if event.token_ids and self.request.stream:
-                self._observe_tokens(time.monotonic())
+                now = time.monotonic()
+                last = self._last_token_at
+                if last is None:
+                    self._first_token(now)
+                else:
+                    self._gaps += 1
+                    self._unreported.append(now - last)
+                    if len(self._unreported) >= GAP_BATCH:
+                        self._report_gaps()
+                self._last_token_at = now
             return event
         if isinstance(event, Done):
             self._end(event)
@@ -202,16 +223,9 @@ class EventStream:
         self._raise_next = True
         return replace(delta, finish=None, matched_stop=None)
 
-    def _observe_tokens(self, now: float) -> None:
-        if self._last_token_at is None:
-            self._first_token_at = now
-            self._observer.first_token(self.request, now - self._started_at)
-        else:
-            self._gaps += 1
-            self._unreported.append(now - self._last_token_at)
-            if len(self._unreported) >= GAP_BATCH:
-                self._report_gaps()
-        self._last_token_at = now
+    def _first_token(self, now: float) -> None:
+        self._first_token_at = now
+        self._observer.first_token(self.request, now - self._started_at)
 
     def _report_gaps(self) -> None:
         if self._unreported:
@@ -250,13 +264,19 @@ class EventStream:
         asyncio.get_running_loop().create_task(self._abort())
 
     def arm_deadline(self, timeout_s: float | None) -> None:
+        """A timer of the stream's own (`Deadlines` keeps the service's default one)."""
         if timeout_s:
             loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(timeout_s, self._expire, timeout_s)
+            self._timer = loop.call_later(timeout_s, self.expire, timeout_s)
 
-    def _expire(self, timeout_s: float) -> None:
+    def expire(self, timeout_s: float) -> None:
+        """The deadline passed: end the request with `DeadlineExceeded` (if still running)."""
         # The error is built only when a deadline fires, not on every request's hot path.
         self.cancel(DeadlineExceeded(f"Request exceeded its deadline of {timeout_s:g} s"))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     async def aclose(self) -> None:
         if self._closed:
@@ -296,3 +316,32 @@ class EventStream:
             first_token_s=None if first is None else first - self._started_at,
             mean_token_gap_s=gap,
         )
+
+
+class Deadlines:
+    """The default request deadline of many streams on one loop timer (`DelayQueue`), each
+    stream held weakly; a request with a timeout of its own arms its own timer instead."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self._queue: DelayQueue[weakref.ref[EventStream]] = DelayQueue(timeout_s, self._due)
+        self._tidy_at = TIDY_AT
+
+    def add(self, stream: EventStream) -> None:
+        queue = self._queue
+        queue.add(weakref.ref(stream))
+        if len(queue) > self._tidy_at:  # closed requests wait for nothing: forget them
+            queue.drop(_still_open)
+            self._tidy_at = 2 * len(queue) + TIDY_AT
+
+    def _due(self, ref: weakref.ref[EventStream]) -> None:
+        stream = ref()
+        if stream is not None:
+            stream.expire(self._queue.delay_s)
+
+
+TIDY_AT = 64  # waiting deadlines beyond twice the open ones (plus this) are tidied
+
+
+def _still_open(ref: weakref.ref[EventStream]) -> bool:
+    stream = ref()
+    return stream is not None and not stream.closed

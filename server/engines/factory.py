@@ -37,6 +37,7 @@ async def create_engine(settings: Settings, client: ClientPlace | None = None) -
             model_path=resolve_path(settings, settings.model.weight_path),
             tool_call_parser=settings.model.tool_call_parser,
             reasoning_parser=settings.model.reasoning_parser,
+            remember=0,  # nothing in a server process reads the records
         )
         log_phase(logger, "engine start", since, "fake engine")
         return fake

@@ -67,7 +67,7 @@ class Fallback:
 
 
 class ListenerApp:
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the listener's parts, all built by the gateway
         self,
         router: Router,
         fallback: Fallback,
@@ -76,13 +76,16 @@ class ListenerApp:
         keyring: Keyring,
         observer: HttpObserver,
         closing: Callable[[], bool],
+        access_notes: bool = True,
     ) -> None:
+        """`access_notes`: keep an `AccessNote` per request (only the access log reads it)."""
         self._router = router
         self._fallback = fallback
         self._max_body = max_body_bytes
         self._keyring = keyring
         self._observer = observer
         self._closing = closing
+        self._notes = access_notes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -104,7 +107,7 @@ class ListenerApp:
         else:
             rid = new_request_id()
         token = request_id_var.set(rid)
-        note = access_note_var.set(AccessNote())
+        note = access_note_var.set(AccessNote()) if self._notes else None
         wait = EngineWait()
         wait_token = engine_wait_var.set(wait)
         resolution = self._router.resolve(scope["method"], scope["path"])
@@ -121,7 +124,8 @@ class ListenerApp:
                 self._report(scope, resolution, answer.status_code, started)
         finally:
             engine_wait_var.reset(wait_token)
-            access_note_var.reset(note)
+            if note is not None:
+                access_note_var.reset(note)
             request_id_var.reset(token)
 
     async def _answer(
@@ -146,7 +150,7 @@ class ListenerApp:
             receive = _counted(receive, self._max_body)
         if entry is None or resolution.allowed:
             return self._unserved(scope, resolution)
-        scope["path_params"] = resolution.params
+        scope["path_params"] = resolution.params or {}  # a static path's resolution is shared
         return await guarded(entry.endpoint, render, Request(scope, receive))
 
     def _authorize(
@@ -176,7 +180,10 @@ class ListenerApp:
 
     def _finish_headers(self, answer: Answer, request_id: str) -> None:
         headers = answer.raw_headers
-        if all(name != b"x-request-id" for name, _ in headers):
+        for name, _ in headers:
+            if name == b"x-request-id":
+                break
+        else:  # a loop, not all(<generator>): this runs for every answer
             headers.append((b"x-request-id", request_id.encode("latin-1")))
         if self._closing():
             headers[:] = [(k, v) for k, v in headers if k != b"connection"]

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Scope
 
 from server.core.errors import (
     GatewayError,
@@ -60,11 +61,19 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
 
 async def read_json(request: Request, max_bytes: int, *, strict_content_type: bool = False) -> Any:
     """Read and decode a JSON body. `strict_content_type` requires application/json (vLLM)."""
-    if strict_content_type:
-        content_type = request.headers.get("content-type", "")
-        if content_type.split(";", 1)[0].strip().lower() != JSON_TYPE:
-            raise UnsupportedMediaType("Unsupported Media Type: Only 'application/json' is allowed")
+    if strict_content_type and _media_type(request.scope) != _JSON_BYTES:
+        raise UnsupportedMediaType("Unsupported Media Type: Only 'application/json' is allowed")
     return decode_json(await read_body(request, max_bytes))
+
+
+def _media_type(scope: Scope) -> bytes:
+    """The request's Content-Type without parameters, lower-cased (the first header, as
+    Starlette's `request.headers` reads it; without building that mapping per request)."""
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            media: bytes = value.split(b";", 1)[0].strip().lower()
+            return media
+    return b""
 
 
 def decode_json(body: bytes) -> Any:
@@ -114,7 +123,8 @@ class JsonResponse(Response):
             ]
 
 
-_JSON_HEADER = (b"content-type", JSON_TYPE.encode())
+_JSON_BYTES = JSON_TYPE.encode()
+_JSON_HEADER = (b"content-type", _JSON_BYTES)
 
 
 def json_response(

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.types import Receive
 
 from server.core.errors import ClientClosed
+from server.core.timers import DelayQueue
 
 T = TypeVar("T")
 # Most answers are ready sooner: watching for the disconnect (a task per request) starts only
@@ -24,7 +25,7 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     task = asyncio.current_task()
     assert task is not None
     watch = _Watch(request.receive, task)
-    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watch.start)
+    _WATCHES.add(watch)
     try:
         return await work
     except asyncio.CancelledError:
@@ -33,23 +34,27 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
         task.uncancel()
         raise ClientClosed("The client closed the connection before the response.") from None
     finally:
-        timer.cancel()
         watch.stop()
 
 
 class _Watch:
     """A task that cancels `task` when `receive()` says the client disconnected."""
 
+    __slots__ = ("_receive", "_stopped", "_task", "_watcher", "saw_disconnect")
+
     def __init__(self, receive: Receive, task: asyncio.Task[object]) -> None:
         self._receive = receive
         self._task = task
         self._watcher: asyncio.Task[None] | None = None
+        self._stopped = False
         self.saw_disconnect = False
 
     def start(self) -> None:
-        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        if not self._stopped:  # the answer was ready first (most are)
+            self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
     def stop(self) -> None:
+        self._stopped = True
         if self._watcher is not None:
             self._watcher.cancel()
 
@@ -58,3 +63,7 @@ class _Watch:
             pass
         self.saw_disconnect = True
         self._task.cancel()
+
+
+# every request's watch starts WATCH_AFTER_S after it began: one loop timer for all of them
+_WATCHES: DelayQueue[_Watch] = DelayQueue(WATCH_AFTER_S, _Watch.start)

@@ -66,6 +66,8 @@ class _Template:
 class Router:
     def __init__(self, routes: Sequence[Route], *, max_body_bytes: int) -> None:
         self._static: dict[str, dict[str, Entry]] = {}
+        # a static path's resolution per method, built once (every request resolves one)
+        self._resolved: dict[tuple[str, str], Resolution] = {}
         self._templates: dict[str, list[_Template]] = {}
         by_path: dict[str, dict[str, Entry]] = {}
         for (method, path), entry in _entries(routes, max_body_bytes).items():
@@ -82,8 +84,14 @@ class Router:
                 self._static[path] = methods
         for templates in self._templates.values():  # more literal text first: most specific
             templates.sort(key=lambda t: -len(_PARAM.sub("", t.path)))
+        for path, methods in self._static.items():
+            for method, entry in methods.items():
+                self._resolved[method, path] = Resolution(entry)
 
     def resolve(self, method: str, path: str) -> Resolution:
+        resolved = self._resolved.get((method, path))
+        if resolved is not None:
+            return resolved
         methods = self._static.get(path)
         params: dict[str, str] = {}
         if methods is None:

@@ -69,8 +69,11 @@ class EventStreamAnswer:
         on_close: Callable[[bool], None] | None = None,
     ) -> None:
         self.status_code = 200
-        raw = {"content-type": media_type, **STREAM_HEADERS, **(headers or {})}
-        self.raw_headers = [(k.lower().encode(), v.encode()) for k, v in raw.items()]
+        if headers:
+            raw = {"content-type": media_type, **STREAM_HEADERS, **headers}
+            self.raw_headers = _encoded(raw)
+        else:
+            self.raw_headers = _head(media_type)
         self._events = events
         self._fmt = fmt
         self._on_close = on_close
@@ -78,7 +81,7 @@ class EventStreamAnswer:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         producer = asyncio.current_task()
         assert producer is not None
-        watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, producer))
+        watcher = producer.get_loop().create_task(_watch_disconnect(receive, producer))
         ok = False
         try:
             await send(
@@ -95,7 +98,12 @@ class EventStreamAnswer:
             ok = False
         finally:
             watcher.cancel()
-            await asyncio.shield(self._events.aclose())
+            # events read to their end (the core's streams say so) leave nothing to wait for
+            # in aclose(), so nothing to shield from a cancel: no task per stream for it
+            if getattr(self._events, "finished", False):
+                await self._events.aclose()
+            else:
+                await asyncio.shield(self._events.aclose())
             if self._on_close is not None:
                 self._on_close(ok)
 
@@ -122,6 +130,21 @@ class EventStreamAnswer:
         except Exception:
             logger.exception("a stream's error frame could not be written")
             return b""
+
+
+_HEADS: dict[str, list[tuple[bytes, bytes]]] = {}
+
+
+def _head(media_type: str) -> list[tuple[bytes, bytes]]:
+    """A fresh copy of a stream's usual headers for `media_type` (encoded once per type)."""
+    head = _HEADS.get(media_type)
+    if head is None:
+        head = _HEADS[media_type] = _encoded({"content-type": media_type, **STREAM_HEADERS})
+    return list(head)
+
+
+def _encoded(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode(), v.encode()) for k, v in headers.items()]
 
 
 async def _watch_disconnect(receive: Receive, producer: asyncio.Task[object]) -> bool:

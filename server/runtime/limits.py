@@ -93,6 +93,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
+        self._since = 0.0  # when the request now arriving began (loop time)
+        self._arriving = False  # a deadline counts from `_since`
         self._stalled: asyncio.TimerHandle | None = None
         self._in_message = False  # a request has begun and not fully arrived
         self._in_head = True  # bytes now arriving belong to a request head
@@ -110,7 +112,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._arm_deadline()  # a fresh connection must deliver its first request in time
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_deadline()
+        self._arriving = False
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         self._cancel_stall()
         super().connection_lost(exc)
 
@@ -142,8 +147,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._header_count = 0
         self._arm_deadline()
 
+    # on_url and on_header do uvicorn's part themselves (`self.url += url`; the lower-cased
+    # header appended, `Expect: 100-continue` noted) instead of calling it: they run for every
+    # header of every request, and the pinned uvicorn (UVICORN_SERIES) does exactly this.
     def on_url(self, url: bytes) -> None:
-        super().on_url(url)
+        self.url += url
         self._head_bytes += len(url)
         if len(self.url) > self.limits.max_header_bytes:
             self._refuse(414, "URI too long")
@@ -155,7 +163,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(431, "Too many request header fields")
         if self._head_bytes > self.limits.max_header_bytes:
             self._refuse(431, "Request header fields too large")
-        super().on_header(name, value)
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -166,7 +177,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._in_message = False
         self._in_head = True
         self._raw_head = 0
-        self._disarm_deadline()
+        self._arriving = False  # the deadline's timer, if armed, finds nothing to time out
         super().on_message_complete()
 
     def _refuse(self, status: int, message: str) -> None:
@@ -179,19 +190,33 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._answer(status, text)
 
     # ---- deadlines -----------------------------------------------------------------------
+    # One timer per connection, not one per request: a request that arrives in time leaves the
+    # timer armed (`_arriving` off); when it fires, it times out the request arriving then if
+    # that one is overdue, re-arms for its remaining time if not, and stays off while idle.
     def _arm_deadline(self) -> None:
+        """The request now arriving must be complete within the receive timeout (from the
+        connection's start for its first request: the deadline then already counts)."""
+        if self._arriving:
+            return
+        self._arriving = True
+        self._since = self.loop.time()
         if self._deadline is None:
             self._deadline = self.loop.call_later(
-                self.limits.receive_timeout_s, self._request_timed_out
+                self.limits.receive_timeout_s, self._check_deadline
             )
 
-    def _disarm_deadline(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+    def _check_deadline(self) -> None:
+        self._deadline = None
+        if not self._arriving:
+            return
+        left = self._since + self.limits.receive_timeout_s - self.loop.time()
+        if left > 0:
+            self._deadline = self.loop.call_later(left, self._check_deadline)
+            return
+        self._arriving = False
+        self._request_timed_out()
 
     def _request_timed_out(self) -> None:
-        self._deadline = None
         if self.transport.is_closing():
             return
         if self.cycle is not None and self.cycle.response_started:
