@@ -2193,6 +2193,42 @@ def h_section(results: Results) -> str:
     return "\n".join(parts)
 
 
+def l_section(results: Results) -> str:
+    """L: adapter traffic vs base traffic on both servers (bench/lora_mix.py)."""
+    from bench.lora_mix import medians, window_row
+
+    windows = results.select("L")
+    if not windows:
+        return ""
+    figures = {n["window"]: n for n in results.note("engine_running", scenario="L")}
+    rows = [window_row(w, figures.get(w["id"], {})) for w in windows]
+    engine = (results.note("engine", scenario="L") or [{}])[0]
+    work = windows[0]["workload"]
+    body = [
+        [m["arm"], m["label"], str(m["rounds"]), fmt(m["req_per_s"]), fmt_ratio(m["of_base"]),
+         fmt(m["ttft_p50_ms"], 0), fmt(m["ttft_p99_ms"], 0), fmt(m["running_mean"]),
+         fmt(m["running_max"], 0), fmt(m["loads_per_request"], 2)]
+        for m in medians(rows)
+    ]
+    parts = [
+        "## L. Adapter traffic vs base traffic: the gateway and vLLM's server\n",
+        f"The real engine on both servers with the same flags (`maxNumSeqs` "
+        f"{engine.get('max_num_seqs')}, `maxLoras` {engine.get('max_loras')}, `maxCpuLoras` "
+        f"{engine.get('max_cpu_loras')}); the base model, then K adapters with distinct weights "
+        f"requested round robin; {work['concurrency']} concurrent streamed chat requests of "
+        f"{work['max_tokens']} tokens, {work['requests']} per window; the arms alternate per "
+        "round (`python -m bench l`). Medians over the rounds; `of base` is the mix's rate over "
+        "its own arm's base rate. Engine running: `vllm:num_requests_running` sampled every "
+        "50 ms over the timed part (the scheduler's number on both servers); adapter loads are "
+        f"the gateway's (vLLM's server counts none). Load average at the start "
+        f"{_loadavg(results)}.\n",
+        table(["arm", "mix", "rounds", "req/s", "of base", "TTFT p50 ms", "TTFT p99 ms",
+               "engine running, mean", "max", "adapter loads per request"], body),
+        "",
+    ]
+    return "\n".join(parts)
+
+
 def _loadavg(results: Results) -> str:
     found = results.meta["machine"].get("loadavg_at_start") or []
     return ", ".join(f"{value:.1f}" for value in found) or "unknown"
@@ -2221,7 +2257,7 @@ def write_report(run: str | None = None) -> Path:
         "",
         _misses(results, a, b, mem),
         a_text, b_text, c_text, c_on_demand_text(results), d_text, g_section(results),
-        w_section(results), h_section(results), _method(results),
+        w_section(results), h_section(results), l_section(results), _method(results),
     ])  # fmt: skip
     (BENCH / "README.md").write_text(page)
     (BENCH / "SUMMARY.md").write_text(_summary(results, a, b, mem))

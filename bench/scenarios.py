@@ -20,6 +20,8 @@ D  scaling on both servers: concurrency 1-64, prompt length 16-1024, and an open
 G  Triton over gRPC vs HTTP (bench/grpc_bench.py).
 W  front-end workers (`ServerConfig.workers`): 1 vs 2 on the fake engine with wrk, and 2 workers
    vs vLLM's own server with `--api-server-count 2` on the real engine (bench/workers.py).
+L  adapter traffic vs base traffic on both servers (base, 2, 8, 32 adapters over maxLoras 2),
+   with the engine's running count and adapter loads per request (bench/lora_mix.py).
 """
 
 from __future__ import annotations
@@ -128,6 +130,11 @@ class Plan:
     h_adapters: int = 16
     h_requests: int = 192
     h_concurrency: int = 8
+    l_rounds: int = 3  # L: rounds of (vLLM, gateway) sessions, the first arm rotating
+    l_requests: int = 192
+    l_concurrency: int = 16
+    l_max_tokens: int = 16
+    l_adapters: tuple[int, ...] = (2, 8, 32)  # besides the base model
 
 
 QUICK = Plan(
@@ -160,6 +167,8 @@ QUICK = Plan(
     w_a_reps=1,
     h_rounds=1,
     h_requests=48,
+    l_rounds=1,
+    l_requests=64,
 )
 
 B_PROTOCOLS = ("openai-chat", "tgi", "triton", "mindie", "djl", "anthropic")
@@ -1025,8 +1034,17 @@ def scenario_h(run: Run, plan: Plan) -> None:
     run_h(run, plan)
 
 
+def scenario_l(run: Run, plan: Plan) -> None:
+    """Adapter traffic vs base traffic, gateway vs vLLM's server (bench/lora_mix.py). Run on
+    request, not by `all` (yet)."""
+    from bench.lora_mix import run_l
+
+    run_l(run, plan.l_rounds, plan.l_requests, plan.l_concurrency, plan.l_max_tokens,
+          plan.l_adapters)
+
+
 SCENARIOS = {
     "a": scenario_a, "b": scenario_b, "c": scenario_c, "d": scenario_d, "g": scenario_g,
-    "w": scenario_w, "h": scenario_h,
+    "w": scenario_w, "h": scenario_h, "l": scenario_l,
 }
 ALL = ("a", "b", "c", "d", "g", "w")  # `python -m bench all`: H runs on request only

@@ -1,0 +1,99 @@
+"""Requests for resident adapters run in the engine together, as base requests do (issue 24), on
+the live server (real vLLM engine, maxNumSeqs 32, maxLoras 2, maxCpuLoras 4).
+
+Eight long streams, four on each of two adapters (or all on the base model), are opened at once;
+once every stream has its first token, the engine's own running count (`vllm:num_requests_running`,
+the scheduler's numbers) must show all eight, none waiting, and no adapter loaded again for them:
+nothing in the gateway (residency, admission, the engine adapter) keeps them apart. The streams
+are long (400 tokens) and closed by the test once it has read the metrics; the poll's deadline is
+a safety bound, never the assertion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.serverproc import RunningServer
+
+STREAMS = 8
+HOLD_TOKENS = 400  # the live server's maxModelLen is 512
+WAIT_S = 300.0
+
+pytestmark = [pytest.mark.server, pytest.mark.anyio]
+
+Families = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def body(model: str, tokens: int, *, stream: bool) -> dict[str, object]:
+    return {"model": model, "prompt": "the gateway batches", "max_tokens": tokens,
+            "ignore_eos": True, "stream": stream}
+
+
+async def scrape(server: RunningServer) -> Families:
+    async with httpx.AsyncClient(timeout=60) as http:
+        response = await http.get(f"{server.metrics_url}/metrics")
+    assert response.status_code == 200
+    families: Families = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            families.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return families
+
+
+def total(families: Families, name: str) -> float:
+    return sum(value for _, value in families.get(name, []))
+
+
+async def hold(http: httpx.AsyncClient, model: str, started: asyncio.Event) -> None:
+    """A long stream: `started` once its first token came; runs until cancelled."""
+    async with http.stream("POST", "/v1/completions",
+                           json=body(model, HOLD_TOKENS, stream=True)) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data:"):
+                started.set()
+
+
+async def engine_while_held(server: RunningServer, models: tuple[str, ...]) -> tuple[
+    Families, float
+]:
+    """The metrics once all streams run, and the adapter loads counted while they started."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as http:
+        for model in models:  # loaded now if it is not, so that no stream below waits for it
+            response = await http.post("/v1/completions", json=body(model, 2, stream=False))
+            assert response.status_code == 200, response.text
+        loads = total(await scrape(server), "vllm:lora_adapter_load_seconds_count")
+        started = [asyncio.Event() for _ in range(STREAMS)]
+        streams = [asyncio.create_task(hold(http, models[i % len(models)], event))
+                   for i, event in enumerate(started)]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), WAIT_S)
+            seen = []
+            for _ in range(200):  # the scheduler's numbers arrive with its next step's outputs
+                families = await scrape(server)
+                seen.append(total(families, "vllm:num_requests_running"))
+                if seen[-1] >= STREAMS or any(s.done() for s in streams):
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            for stream in streams:
+                stream.cancel()
+            await asyncio.gather(*streams, return_exceptions=True)
+    assert seen[-1] >= STREAMS, f"engine running counts seen: {seen}"
+    return families, total(families, "vllm:lora_adapter_load_seconds_count") - loads
+
+
+@pytest.mark.parametrize("models", [("a1", "a2"), ("tiny",)], ids=["two-adapters", "base"])
+async def test_requests_for_resident_adapters_run_together_like_base_requests(
+    live_server: RunningServer, models: tuple[str, ...]
+) -> None:
+    families, loads = await engine_while_held(live_server, models)
+    assert total(families, "vllm:num_requests_waiting") == 0
+    assert loads == 0  # resident adapters: no request waited for a load
+    (info, _), = families["vllm:lora_requests_info"]
+    running = "" if models == ("tiny",) else ",".join(models)
+    assert info["running_lora_adapters"] == running
