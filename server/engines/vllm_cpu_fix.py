@@ -14,12 +14,15 @@ about 20 torch calls per slice, and under two-adapter traffic they were about 49
 worker's model step on the demo model (py-spy). `fused_add_lora_linear` computes every slot's
 LoRA-A product for all of a layer's slices in one matrix multiply and each slice's LoRA-B in one
 more, each token keeping its own slot's columns (33 % of the step after; LoRA work per unit of
-base matrix work about 5.2 -> 2.6; bench/ANALYSIS.md). Base rows (-1) get nothing added; any
-other shape or mode goes to vLLM's own method (which runs on the wrapped ops above).
+base matrix work about 5.2 -> 2.6; bench/ANALYSIS.md). The embedding and logits LoRA
+(`add_lora_embedding`, `add_lora_logits`) are done the same way, and the per-step
+`update_metadata` maps slots in one list pass and leaves the prefill run metadata, which only
+vLLM's own methods read, until it is read. Base rows (-1) get nothing added; any other shape or
+mode goes to vLLM's own method (which runs on the wrapped ops above).
 
 How it is loaded: `VllmEngineOptions` names `CpuLoraFix` as vLLM's `worker_extension_cls`, which
 vLLM resolves inside every worker process (where the model runs) before the model is built.
-Resolving that name (module `__getattr__`) installs the wrappers and the fused method there;
+Resolving that name (module `__getattr__`) installs the wrappers and the fused methods there;
 importing the module has no effect, and the gateway's own process never resolves it. vLLM and
 torch are imported by name at run time so that only the engine adapter depends on vLLM
 statically.
@@ -76,34 +79,148 @@ def fused_add_lora_linear(  # noqa: PLR0913 - vLLM's signature
     if not wrapper.is_prefill or kw.get("buffer") is not None or not _plain(
         y, x, indices, lora_a_stacked, lora_b_stacked, output_slices
     ):
-        _SLOW_LINEAR[0](wrapper, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, **kw)
+        _ORIGINAL["add_lora_linear"](
+            wrapper, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, **kw)
         return
-    rows = x.shape[0]
     if wrapper.no_lora:
         return
     torch = importlib.import_module("torch")
-    slot = indices.clamp(min=0)
-    token = torch.arange(rows, device=x.device)
-    base_rows = indices < 0
-    mixed = bool(base_rows.any())
     weights_a = torch.cat(lora_a_stacked, dim=-2) if len(lora_a_stacked) > 1 else lora_a_stacked[0]
-    slots, rank = weights_a.shape[0], lora_a_stacked[0].shape[-2]
-    flat_a = weights_a.to(dtype=torch.float32).reshape(-1, x.shape[-1])
-    shrunk = (x.to(dtype=torch.float32) @ flat_a.t()).view(rows, slots, -1)[token, slot]
-    if scale != 1.0:
-        shrunk = shrunk * scale
-    if mixed:
-        shrunk.masked_fill_(base_rows[:, None], 0.0)
-    shrunk = shrunk.to(dtype=y.dtype)
+    rank = lora_a_stacked[0].shape[-2]
+    rows = _Rows(torch, indices)
+    shrunk = rows.shrink(x, weights_a, scale).to(dtype=y.dtype)
     offset = 0
     for index, width in enumerate(output_slices):
-        weights_b = lora_b_stacked[index].to(dtype=y.dtype).reshape(slots * width, rank)
-        part = shrunk[:, index * rank : (index + 1) * rank] @ weights_b.t()
-        part = part.view(rows, slots, width)[token, slot]
-        if mixed:
-            part.masked_fill_(base_rows[:, None], 0.0)
-        y[:, offset : offset + width] += part
+        rows.expand_into(y, shrunk[:, index * rank : (index + 1) * rank], lora_b_stacked[index],
+                         offset, width)
         offset += width
+
+
+def fused_add_lora_embedding(
+    wrapper: Any, y: Any, x: Any, lora_b_stacked: Any, add_inputs: bool = True, **kw: Any,
+) -> None:
+    """`PunicaWrapperCPU.add_lora_embedding` (y += x @ each token's slot's B) in one matrix
+    multiply over every slot instead of vLLM's per-token weight gather. Same rows as vLLM's
+    prefill path (whose per-run indices expand to exactly the token indices), -1 rows left
+    untouched; decode mode, assignment (`add_inputs` false) and other shapes go to vLLM."""
+    indices = wrapper.token_lora_indices
+    if not (wrapper.is_prefill and add_inputs and _plain_expand(y, x, indices, lora_b_stacked)):
+        _ORIGINAL["add_lora_embedding"](wrapper, y, x, lora_b_stacked, add_inputs, **kw)
+        return
+    if wrapper.no_lora:
+        return
+    torch = importlib.import_module("torch")
+    _Rows(torch, indices).expand_into(y, x, lora_b_stacked, 0, _common(y, lora_b_stacked))
+
+
+def fused_add_lora_logits(
+    wrapper: Any, y: Any, x: Any, lora_a_stacked: Any, lora_b_stacked: Any, scale: float,
+    **kw: Any,
+) -> None:
+    """`PunicaWrapperCPU.add_lora_logits` (y += (x @ A) * scale @ B per sampled row's slot) in
+    two matrix multiplies over every slot, float32 in between as in vLLM; -1 rows untouched.
+    A caller's `buffer` and other shapes go to vLLM's own method."""
+    indices = wrapper.sampler_indices
+    y_rows, x_rows = y.view(-1, y.shape[-1]), x.view(-1, x.shape[-1])
+    if kw.get("buffer") is not None or not (
+        _plain_expand(y_rows, x_rows, indices, lora_b_stacked, inputs_are_rank=False)
+        and tuple(lora_a_stacked.shape) == (lora_b_stacked.shape[0], 1,
+                                            lora_b_stacked.shape[-1], x_rows.shape[1])
+    ):
+        _ORIGINAL["add_lora_logits"](wrapper, y, x, lora_a_stacked, lora_b_stacked, scale, **kw)
+        return
+    torch = importlib.import_module("torch")
+    if bool((indices < 0).all()):
+        return
+    rows = _Rows(torch, indices)
+    rows.expand_into(y_rows, rows.shrink(x_rows, lora_a_stacked, scale), lora_b_stacked, 0,
+                     _common(y_rows, lora_b_stacked))
+
+
+def _common(y: Any, weights_b: Any) -> int:
+    """How many of y's columns vLLM's expand adds to: the adapter's outputs and the layer's
+    may be padded differently (e.g. the logits to the padded vocabulary), so the common part."""
+    return min(int(weights_b.shape[2]), int(y.shape[1]))
+
+
+class _Rows:
+    """One step's rows and their slots (-1: no LoRA), for products over every slot at once."""
+
+    def __init__(self, torch: Any, indices: Any) -> None:
+        self.torch = torch
+        self.slot = indices.clamp(min=0)
+        self.token = torch.arange(indices.shape[0], device=indices.device)
+        base = indices < 0
+        self.base = base if bool(base.any()) else None
+
+    def shrink(self, x: Any, weights_a: Any, scale: float) -> Any:
+        """Each row's x @ its slot's A (slots x 1 x rank x in) * scale in float32, 0 for -1."""
+        torch = self.torch
+        slots = weights_a.shape[0]
+        flat = weights_a.to(dtype=torch.float32).reshape(-1, x.shape[-1])
+        shrunk = (x.to(dtype=torch.float32) @ flat.t()).view(x.shape[0], slots, -1)
+        shrunk = shrunk[self.token, self.slot]
+        if scale != 1.0:
+            shrunk = shrunk * scale
+        if self.base is not None:
+            shrunk.masked_fill_(self.base[:, None], 0.0)
+        return shrunk
+
+    def expand_into(self, y: Any, x: Any, weights_b: Any, offset: int, width: int) -> None:
+        """y[:, offset : offset + width] += each row's x @ its slot's B (slots x 1 x out x
+        rank, the first `width` of its outputs), in y's dtype; -1 rows untouched."""
+        slots, _, out, rank = weights_b.shape
+        flat = weights_b.to(dtype=y.dtype).reshape(slots * out, rank)
+        part = (x.to(dtype=y.dtype) @ flat.t()).view(x.shape[0], slots, out)
+        part = part[self.token, self.slot, :width]
+        if self.base is not None:
+            part.masked_fill_(self.base[:, None], 0.0)
+        y[:, offset : offset + width] += part
+
+
+def fast_update_metadata(
+    wrapper: Any, mapping: Any, lora_index_to_id: list[int | None], max_loras: int,
+    vocab_size: int, **kw: Any,
+) -> None:
+    """`PunicaWrapperBase.update_metadata` (run once per model step) with the same tensors:
+    the token and sampler slot indices mapped in one list pass each instead of vLLM's
+    per-token loop, and the prefill run metadata (`compute_meta`: unique runs, two host
+    syncs) left until something reads `prefill_metadata` (only vLLM's own methods do, on
+    fallback); `no_lora` is set at once. vLLM's decode mode (not used by its V1 runner) and
+    an unknown adapter id go to vLLM's method, which raises as before."""
+    slot_of = {lora_id: slot for slot, lora_id in enumerate(lora_index_to_id)
+               if lora_id is not None}
+    try:
+        tokens = [slot_of[lora_id] if lora_id > 0 else -1 for lora_id in mapping.index_mapping]
+        prompts = [slot_of[lora_id] if lora_id > 0 else -1 for lora_id in mapping.prompt_mapping]
+    except KeyError:
+        tokens = []
+    if not (tokens and mapping.is_prefill):
+        _lazy_prefill_metadata(wrapper)  # vLLM keeps the last prefill's runs; settle them first
+        _ORIGINAL["update_metadata"](
+            wrapper, mapping, lora_index_to_id, max_loras, vocab_size, **kw)
+        return
+    torch = importlib.import_module("torch")
+    count, prompt_count = len(tokens), len(prompts)
+    token_slots = torch.tensor(tokens, dtype=torch.long)
+    prompt_slots = torch.tensor(prompts, dtype=torch.long)
+    wrapper._token_lora_indices[:count].copy_(token_slots)
+    wrapper._embeddings_indices[:count].copy_(token_slots.clamp(min=0) * vocab_size)
+    wrapper._sampler_indices[:prompt_count].copy_(prompt_slots)
+    padded = torch.where(prompt_slots == -1, max_loras - 1, prompt_slots) * prompt_count
+    wrapper._sampler_indices_padded[:prompt_count].copy_(padded + torch.arange(prompt_count))
+    wrapper.indices_len[:] = [count, prompt_count, prompt_count, count]
+    wrapper.is_prefill = True
+    wrapper.no_lora = max(tokens) < 0
+    wrapper.__dict__[_STALE] = True
+
+
+def _lazy_prefill_metadata(wrapper: Any) -> Any:
+    """`prefill_metadata`, computing the run metadata the step's fast update left out."""
+    if wrapper.__dict__.pop(_STALE, False):
+        wrapper._update_prefill_metadata(wrapper.token_lora_indices)
+    base = importlib.import_module("vllm.lora.punica_wrapper.punica_base").PunicaWrapperBase
+    return base.prefill_metadata.fget(wrapper)
 
 
 def _plain(
@@ -126,11 +243,29 @@ def _plain(
     )
 
 
-_SLOW_LINEAR: list[Callable[..., None]] = []  # vLLM's own add_lora_linear
+def _plain_expand(
+    y: Any, x: Any, indices: Any, lora_b_stacked: Any, *, inputs_are_rank: bool = True
+) -> bool:
+    """One row of x and y and one index per row; B of slots x 1 x out x rank; x of rank
+    columns (or any, for the logits' input)."""
+    if x.dim() != 2 or y.dim() != 2 or not x.shape[0] == y.shape[0] == indices.shape[0]:
+        return False
+    shape = tuple(lora_b_stacked.shape)
+    return len(shape) == 4 and shape[1] == 1 and (not inputs_are_rank or shape[3] == x.shape[1])
+
+
+_STALE = "_gateway_prefill_metadata_stale"
+_ORIGINAL: dict[str, Callable[..., None]] = {}  # vLLM's own methods, by name
+_FUSED: dict[str, Callable[..., None]] = {
+    "update_metadata": fast_update_metadata,
+    "add_lora_linear": fused_add_lora_linear,
+    "add_lora_embedding": fused_add_lora_embedding,
+    "add_lora_logits": fused_add_lora_logits,
+}
 
 
 def install() -> None:
-    """Wrap the ops wherever vLLM bound them, and fuse the CPU wrapper's linear LoRA.
+    """Wrap the ops wherever vLLM bound them, and fuse the CPU wrapper's LoRA methods.
     Idempotent."""
     modules = [importlib.import_module(name) for name in _MODULES]
     originals = {name: getattr(modules[0], name) for name in _OPS}
@@ -140,9 +275,12 @@ def install() -> None:
             if hasattr(module, name):
                 setattr(module, name, wrapped)
     cpu = importlib.import_module(_MODULES[2]).PunicaWrapperCPU
-    if not _SLOW_LINEAR:
-        _SLOW_LINEAR.append(cpu.add_lora_linear)
-        cpu.add_lora_linear = fused_add_lora_linear
+    for name, fused in _FUSED.items():
+        if name not in _ORIGINAL:
+            _ORIGINAL[name] = getattr(cpu, name)
+            setattr(cpu, name, fused)
+    if "prefill_metadata" not in vars(cpu):
+        cpu.prefill_metadata = property(_lazy_prefill_metadata)
 
 
 class _CpuLoraFix:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -89,47 +90,200 @@ def lora_layer(tokens: int, slots: int) -> tuple[Any, tuple[Any, ...], tuple[Any
     return x, a, b, torch.randn(tokens, sum(SLICES), generator=gen)
 
 
-@pytest.mark.parametrize("indices", [
+INDEX_CASES = [
     [0, -1, 1, -1, 0, 1],  # mixed: base rows stay as they were
     [1, 0, 0, 1, 1, 0],  # two adapters
     [1, 1, 1, 1, 1, 1],  # one adapter
     [-1, -1, -1, -1, -1, -1],  # base only
-])
-@pytest.mark.parametrize(("slices", "scale"), [(3, 1.0), (1, 1.0), (3, 0.5)])
-def test_fused_linear_lora_adds_what_vllms_fixed_wrapper_adds(
-    monkeypatch: pytest.MonkeyPatch, indices: list[int], slices: int, scale: float
-) -> None:
+]
+
+
+@pytest.fixture
+def fixed_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's torch ops with the -1 fix, wherever vLLM bound them (what the fused paths match)."""
     for module in ("vllm.lora.ops.torch_ops.lora_ops", "vllm.lora.ops.torch_ops",
                    "vllm.lora.punica_wrapper.punica_cpu"):
         loaded = importlib.import_module(module)
         for name in ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice"):
             if hasattr(loaded, name):
                 monkeypatch.setattr(loaded, name, skipping_no_lora_rows(getattr(ops, name)))
+
+
+def vllms(wrapper: Any, name: str) -> Any:
+    """vLLM's own method `name` of the CPU wrapper, as the fused one falls back to it."""
+    method = getattr(type(wrapper), name)
+    cpu_fix._ORIGINAL[name] = method
+    return method
+
+
+@pytest.mark.usefixtures("fixed_ops")
+@pytest.mark.parametrize("indices", INDEX_CASES)
+@pytest.mark.parametrize(("slices", "scale"), [(3, 1.0), (1, 1.0), (3, 0.5)])
+def test_fused_linear_lora_adds_what_vllms_fixed_wrapper_adds(
+    indices: list[int], slices: int, scale: float
+) -> None:
     x, a, b, y = lora_layer(len(indices), 2)
     a, b, widths = a[:slices], b[:slices], SLICES[:slices]
     y = y[:, : sum(widths)].contiguous()
     wrapper = punica(indices)
-    cls = type(wrapper)
     expected, fused = y.clone(), y.clone()
-    cls.add_lora_linear(wrapper, expected, x, a, b, scale, widths)
-    monkeypatch.setattr(cpu_fix, "_SLOW_LINEAR", [cls.add_lora_linear])
+    vllms(wrapper, "add_lora_linear")(wrapper, expected, x, a, b, scale, widths)
     cpu_fix.fused_add_lora_linear(wrapper, fused, x, a, b, scale, widths)
     torch.testing.assert_close(fused, expected)
     base = torch.tensor(indices) < 0
     assert torch.equal(fused[base], y[base])
 
 
-def test_fused_linear_lora_leaves_shapes_it_does_not_know_to_vllm() -> None:
+def calls_to_vllm(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record which of vLLM's own methods the fused ones fall back to."""
+    calls: list[str] = []
+    for name in ("add_lora_linear", "add_lora_embedding", "add_lora_logits", "update_metadata"):
+        monkeypatch.setitem(cpu_fix._ORIGINAL, name,
+                            lambda *args, _name=name, **kw: calls.append(_name))
+    return calls
+
+
+def test_fused_linear_lora_leaves_shapes_it_does_not_know_to_vllm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     x, a, b, y = lora_layer(4, 2)
     wrapper = punica([0, 1, 0, 1])
-    calls: list[tuple[Any, ...]] = []
-    original = cpu_fix._SLOW_LINEAR
-    cpu_fix._SLOW_LINEAR = [lambda *args, **kw: calls.append(args)]
-    try:
-        cpu_fix.fused_add_lora_linear(wrapper, y, x, a, b, 1.0, (5, 3, 3))  # widths disagree
-        cpu_fix.fused_add_lora_linear(wrapper, y, x, a, b, 1.0, SLICES, buffer=(y,))
-        wrapper.is_prefill = False
-        cpu_fix.fused_add_lora_linear(wrapper, y, x, a, b, 1.0, SLICES)
-    finally:
-        cpu_fix._SLOW_LINEAR = original
-    assert len(calls) == 3
+    calls = calls_to_vllm(monkeypatch)
+    cpu_fix.fused_add_lora_linear(wrapper, y, x, a, b, 1.0, (5, 3, 3))  # widths disagree
+    cpu_fix.fused_add_lora_linear(wrapper, y, x, a, b, 1.0, SLICES, buffer=(y,))
+    wrapper.is_prefill = False
+    cpu_fix.fused_add_lora_linear(wrapper, y, x, a, b, 1.0, SLICES)
+    assert calls == ["add_lora_linear"] * 3
+
+
+# ---- the embedding LoRA (y += x @ B per token's slot) ----
+
+def embedding_case(tokens: int, slots: int, width: int = HIDDEN) -> tuple[Any, Any, Any]:
+    gen = torch.Generator().manual_seed(tokens * 7 + slots)
+    x = torch.randn(tokens, RANK, generator=gen)  # the tokens' LoRA-A rows, as vLLM looks them up
+    b = torch.randn(slots, 1, width, RANK, generator=gen)
+    return x, b, torch.randn(tokens, HIDDEN, generator=gen)
+
+
+@pytest.mark.usefixtures("fixed_ops")
+@pytest.mark.parametrize("indices", INDEX_CASES)
+@pytest.mark.parametrize(("slots", "width"), [(2, HIDDEN), (3, HIDDEN), (2, HIDDEN + 2),
+                                              (2, HIDDEN - 2)])  # vLLM adds the common part
+def test_fused_embedding_lora_adds_what_vllms_fixed_wrapper_adds(
+    indices: list[int], slots: int, width: int
+) -> None:
+    x, b, y = embedding_case(len(indices), slots, width)
+    wrapper = punica(indices)
+    expected, fused = y.clone(), y.clone()
+    vllms(wrapper, "add_lora_embedding")(wrapper, expected, x, b, add_input=True)  # vLLM's call
+    cpu_fix.fused_add_lora_embedding(wrapper, fused, x, b, add_input=True)
+    torch.testing.assert_close(fused, expected)
+    base = torch.tensor(indices) < 0
+    assert torch.equal(fused[base], y[base])
+
+
+def test_fused_embedding_lora_leaves_other_modes_to_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, b, y = embedding_case(4, 2)
+    wrapper = punica([0, 1, -1, 1])
+    calls = calls_to_vllm(monkeypatch)
+    cpu_fix.fused_add_lora_embedding(wrapper, y, x, b, add_inputs=False)  # assignment
+    cpu_fix.fused_add_lora_embedding(wrapper, y, x[:, :-1], b)  # ranks disagree
+    wrapper.is_prefill = False
+    cpu_fix.fused_add_lora_embedding(wrapper, y, x, b)
+    assert calls == ["add_lora_embedding"] * 3
+
+
+# ---- the logits LoRA (y += (x @ A) * scale @ B per sampled row's slot) ----
+
+VOCAB = 11
+
+
+def logits_case(rows: int, slots: int, padded: int = VOCAB) -> tuple[Any, Any, Any, Any]:
+    """Logits of `padded` columns (the head's padded vocabulary), B of VOCAB outputs."""
+    gen = torch.Generator().manual_seed(rows * 5 + slots)
+    x = torch.randn(rows, HIDDEN, generator=gen)
+    a = torch.randn(slots, 1, RANK, HIDDEN, generator=gen)
+    b = torch.randn(slots, 1, VOCAB, RANK, generator=gen)
+    return x, a, b, torch.randn(rows, padded, generator=gen)
+
+
+def sampling(wrapper: Any, rows: list[int]) -> Any:
+    """The wrapper with `rows` as this step's sampled rows' slots (vLLM's sampler indices)."""
+    wrapper._sampler_indices[: len(rows)].copy_(torch.tensor(rows))
+    wrapper.indices_len[1] = len(rows)
+    return wrapper
+
+
+@pytest.mark.usefixtures("fixed_ops")
+@pytest.mark.parametrize("rows", [*INDEX_CASES, [1, -1, 0]])
+@pytest.mark.parametrize(("scale", "padded"), [(1.0, VOCAB), (0.5, VOCAB), (1.0, VOCAB + 5)])
+def test_fused_logits_lora_adds_what_vllms_fixed_wrapper_adds(
+    rows: list[int], scale: float, padded: int
+) -> None:
+    x, a, b, y = logits_case(len(rows), 2, padded)
+    wrapper = sampling(punica([0] * 9), rows)  # more tokens than sampled rows, as in a prefill
+    expected, fused = y.clone(), y.clone()
+    vllms(wrapper, "add_lora_logits")(wrapper, expected, x, a, b, scale)
+    cpu_fix.fused_add_lora_logits(wrapper, fused, x, a, b, scale)
+    torch.testing.assert_close(fused, expected)
+    base = torch.tensor(rows) < 0
+    assert torch.equal(fused[base], y[base])
+
+
+def test_fused_logits_lora_leaves_other_shapes_to_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, a, b, y = logits_case(3, 2)
+    wrapper = sampling(punica([0, 1, 1]), [0, 1, -1])
+    calls = calls_to_vllm(monkeypatch)
+    cpu_fix.fused_add_lora_logits(wrapper, y, x, a, b, 1.0, buffer=torch.zeros(3, RANK))
+    cpu_fix.fused_add_lora_logits(wrapper, y[:2], x[:2], a, b, 1.0)  # fewer rows than indices
+    cpu_fix.fused_add_lora_logits(wrapper, y, x, a[:, :, :-1], b, 1.0)  # ranks disagree
+    assert calls == ["add_lora_logits"] * 3
+
+
+# ---- the per-step metadata (slot indices, prefill runs) ----
+
+def mapping(tokens: list[int], prompts: list[int], *, prefill: bool = True) -> Any:
+    layers = importlib.import_module("vllm.lora.layers")
+    return layers.LoRAMapping(tuple(tokens), tuple(prompts), is_prefill=prefill)
+
+
+def metadata(wrapper: Any, prefill_metadata: Callable[[Any], Any]) -> tuple[Any, ...]:
+    """Everything update_metadata sets, prefill runs read through `prefill_metadata`."""
+    lengths = list(wrapper.indices_len)
+    return (
+        lengths, wrapper.is_prefill, wrapper.no_lora,
+        wrapper.token_lora_indices.tolist(), wrapper.sampler_indices.tolist(),
+        wrapper.sampler_indices_padded.tolist(),
+        wrapper._embeddings_indices[: lengths[3]].tolist(),
+        [part.tolist() if hasattr(part, "tolist") else part
+         for part in prefill_metadata(wrapper)],
+    )
+
+
+@pytest.mark.parametrize(("tokens", "prompts", "prefill"), [
+    ([7, 7, 0, 9, 9, 9, 0, 7], [7, 0, 9, 7], True),  # mixed, runs of each
+    ([9, 7, 7, 9], [9, 7, 7, 9], True),  # two adapters, decode-like (one token per request)
+    ([7, 7, 7], [7], True),  # one adapter
+    ([0, 0, 0, 0], [0, 0], True),  # base only
+    ([7, 0, 9], [7, 0, 9], False),  # vLLM's decode mode
+])
+def test_fast_metadata_is_vllms(tokens: list[int], prompts: list[int], prefill: bool) -> None:
+    slots: list[int | None] = [9, None, 7]  # slot -> adapter id, with a free slot between
+    cpu = importlib.import_module("vllm.lora.punica_wrapper.punica_cpu").PunicaWrapperCPU
+    step = mapping(tokens, prompts, prefill=prefill)
+    expected, fast = cpu(64, 8, "cpu"), cpu(64, 8, "cpu")
+    original = vllms(expected, "update_metadata")
+    original(expected, mapping([7, 9], [7, 9]), slots, 4, VOCAB)  # a previous step each
+    original(expected, step, slots, 4, VOCAB)
+    cpu_fix.fast_update_metadata(fast, mapping([7, 9], [7, 9]), slots, 4, VOCAB)
+    cpu_fix.fast_update_metadata(fast, step, slots, 4, VOCAB)
+    assert fast.__dict__.get(cpu_fix._STALE, False) == prefill  # runs computed only when read
+    assert metadata(fast, cpu_fix._lazy_prefill_metadata) == metadata(
+        expected, lambda wrapper: wrapper.prefill_metadata)
+
+
+def test_fast_metadata_leaves_an_unknown_adapter_to_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = calls_to_vllm(monkeypatch)
+    wrapper = punica([0])
+    cpu_fix.fast_update_metadata(wrapper, mapping([7, 5], [7, 5]), [7, None], 2, VOCAB)
+    assert calls == ["update_metadata"]
