@@ -88,6 +88,10 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    def steps(self) -> int:
+        """Engine steps completed so far, as this server learnt of them: never goes back, may
+        lag behind the engine, never runs ahead of it (0 forever if the engine does not say)."""
+
     async def shutdown(self) -> None: ...
 
 
