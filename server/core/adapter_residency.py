@@ -137,8 +137,13 @@ class AdapterResidency:
         record.last_used_step = self._engine.steps()
 
     def _settled(self, record: AdapterRecord) -> bool:
-        by_time = record.last_used <= time.monotonic() - self.limits.settle_s
-        return by_time or self._engine.steps() - record.last_used_step >= SETTLE_STEPS
+        """No request on the engine's copy of `record` (which names for the same files share)
+        ended too recently."""
+        now, steps, int_id = time.monotonic(), self._engine.steps(), record.handle.int_id
+        return all(
+            r.last_used <= now - self.limits.settle_s or steps - r.last_used_step >= SETTLE_STEPS
+            for r in (record, *self._catalog.all_records()) if r.handle.int_id == int_id
+        )
 
     def _eviction_candidate(self) -> AdapterRecord | None:
         """The least recently used adapter that is idle, unpinned and settled."""

@@ -505,6 +505,22 @@ async def test_a_retired_adapter_leaves_the_engine_once_steps_settled_it(root: P
     assert names_in_engine(engine) == {"a1"}
 
 
+async def test_an_engine_copy_two_names_share_settles_after_both(root: Path) -> None:
+    """Two names for the same files share the engine's copy: it stays until the last request
+    on either of them settled."""
+    registry, engine = await settling_registry(root, wait_s=0.1)
+    await registry.register("twin", str(root / "a1"))
+    assert registry.get("twin").handle.int_id == registry.get("a1").handle.int_id
+    engine.step_count += 2  # a1 settled
+    await use(registry, "twin")  # the copy a1 shares ran just now
+    await use(registry, "a2")
+    with pytest.raises(Overloaded):
+        await registry.acquire("a3")  # a1 alone settled long ago, its engine copy did not
+    assert registry.get("a1").evictions == 0 and len(engine.adapters) == 2
+    engine.step_count += 2
+    registry.release(await registry.acquire("a3"))
+
+
 async def test_generation_on_the_fake_engine_counts_steps(root: Path) -> None:
     """The fake engine's steps advance with its requests, as a real engine's do."""
     engine = FakeEngine(model_name="tiny")
