@@ -17,6 +17,7 @@ from server.core.lifecycle import log_phase
 from server.engines.factory import create_engine
 from server.observability.logs import configure_logging, log_settings
 from server.runtime.limits import UnsupportedUvicorn
+from server.runtime.placement import Standalone
 from server.runtime.process import serve
 from server.runtime.workers import supervise
 from server.settings import SettingsError, load_settings, redacted
@@ -107,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if settings.server.workers > 1:
             return supervise(settings, started)
-        return uvloop.run(serve(settings, create_engine, started=started))
+        return uvloop.run(serve(settings, create_engine, Standalone(), started=started))
     except SettingsError as exc:
         sys.stderr.write(f"llm-gateway: configuration error:\n{exc}\n")
         return 2

@@ -33,6 +33,7 @@ from server.core.admission import Admission, Limits
 from server.core.composition import Composition
 from server.core.engine import Engine
 from server.core.lifecycle import Lifecycle, Shutdown, State
+from server.core.peers import Peers
 from server.core.service import InferenceService
 from server.core.stream import RequestObserver
 from server.engines.lora_merge import NumpyComposer
@@ -105,15 +106,16 @@ def build_gateway(
     settings: Settings,
     engine: Engine,
     *,
-    lifecycle: Lifecycle | None = None,
     shutdown: Shutdown | None = None,
     observer: RequestObserver | None = None,
     make_adapters: Callable[..., AdapterRegistry] = AdapterRegistry,
+    peers: Peers | None = None,
 ) -> Gateway:
-    """The gateway of this process; `make_adapters` makes its adapter registry (another
-    worker's mirror, server/runtime/worker_link.py, when several processes serve)."""
-    lifecycle = lifecycle or Lifecycle()
-    shutdown = shutdown or Shutdown(lifecycle, drain_delay_s=settings.server.drain_delay)
+    """The gateway of this process. `make_adapters` makes its adapter registry and `peers`
+    reaches the other workers when several processes serve (server/runtime/placement.py:
+    the owner's registry publishes its changes, the others mirror it)."""
+    shutdown = shutdown or Shutdown(Lifecycle(), drain_delay_s=settings.server.drain_delay)
+    lifecycle = shutdown.lifecycle
     base_names = _base_names(settings, engine)
     state = settings.lora.state_file
     rules = adapter_rules(settings, base_names)
@@ -123,10 +125,10 @@ def build_gateway(
         engine=engine, rules=rules, limits=_adapter_limits(settings),
         state_file=Path(resolve_path(settings, state)) if state else None,
         fetcher=adapter_fetcher(settings, rules, source_metrics),
-    )
-    adapters.composition = Composition(
-        NumpyComposer(), merged_adapter_dir(settings),
-        max_entries=settings.lora.max_merged_adapters,
+        composition=Composition(
+            NumpyComposer(), merged_adapter_dir(settings),
+            max_entries=settings.lora.max_merged_adapters,
+        ),
     )
     limits = service_limits(settings)
     admission = Admission(limits)
@@ -149,6 +151,7 @@ def build_gateway(
         base_names=base_names,
         aliases=settings.model.aliases,
         observer=observer or metrics,
+        peers=peers,
     )
     registries = metrics.registries
     management = settings.server.management

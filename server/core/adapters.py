@@ -68,11 +68,13 @@ T = TypeVar("T")
 
 
 class AdapterRegistry:
-    def __init__(
+    def __init__(  # noqa: PLR0913 - its parts, all passed in when built
         self, *, engine: Engine, rules: AdapterRules, limits: AdapterLimits,
         state_file: Path | None = None,
         fetcher: AdapterFetcher | None = None,
         owner: RegistryOwnerPort | None = None,
+        composition: Composition | None = None,
+        on_change: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.rules = rules
         self.limits = limits
@@ -102,8 +104,8 @@ class AdapterRegistry:
         )
         # awaited after every change of names, sources, pins or refusals, before the change is
         # answered: how the other worker processes see it (server.runtime.worker_link.py)
-        self.on_change: Callable[[], Awaitable[None]] | None = None
-        self.composition: Composition | None = None  # set when requests may compose adapters
+        self.on_change = on_change
+        self.composition = composition  # None: requests may not compose adapters
 
     # ---- queries ---------------------------------------------------------------------------
     def names(self) -> list[str]:

@@ -151,7 +151,7 @@ class Shutdown:
         *,
         drain_delay_s: float = 0.0,
     ) -> None:
-        self._lifecycle = lifecycle
+        self.lifecycle = lifecycle
         self._also = also
         self.drain_delay_s = drain_delay_s
         self.requested = asyncio.Event()
@@ -161,8 +161,8 @@ class Shutdown:
     def request(self, *, force: bool = False) -> None:
         if self._also is not None and not (self.forced if force else self.requested).is_set():
             self._also(force)
-        self._lifecycle.begin_drain(lame_duck=self.drain_delay_s > 0 and not force)
+        self.lifecycle.begin_drain(lame_duck=self.drain_delay_s > 0 and not force)
         if force:
-            self._lifecycle.end_lame_duck()
+            self.lifecycle.end_lame_duck()
             self.forced.set()
         self.requested.set()

@@ -21,9 +21,10 @@ Remote = Callable[[str, tuple[Any, ...]], Awaitable[list[Any]]]
 
 
 class Peers:
-    def __init__(self) -> None:
+    def __init__(self, remote: Remote | None = None) -> None:
+        """`remote`: how to ask the other workers (server/runtime/worker_link.py); None: alone."""
         self._handlers: dict[str, Handler] = {}
-        self.remote: Remote | None = None  # set by the worker link when several workers serve
+        self._remote = remote
 
     def handle(self, op: str, handler: Handler) -> None:
         """Run `handler(*args)` here when another worker asks `op`."""
@@ -31,9 +32,9 @@ class Peers:
 
     async def ask(self, op: str, *args: Any) -> list[Any]:
         """Every other worker's answer to `op` (none with one process)."""
-        if self.remote is None:
+        if self._remote is None:
             return []
-        return await self.remote(op, args)
+        return await self._remote(op, args)
 
     async def run_here(self, op: str, args: tuple[Any, ...]) -> Any:
         """This worker's answer to another's `op` (None if it has no handler or it failed)."""

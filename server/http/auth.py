@@ -13,7 +13,7 @@ import hashlib
 import hmac
 from collections.abc import Iterable
 
-from server.http.routes import Access
+from server.http.access import Access
 
 
 class Keyring:

@@ -8,7 +8,6 @@ to find a route's access class or error shape.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -19,6 +18,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from server.core.errors import GatewayError
+from server.http.access import Access as Access  # routes declare it: re-exported for them
 from server.http.context import ProtocolContext
 
 if TYPE_CHECKING:
@@ -45,19 +45,6 @@ EMBEDS = "x-embeds"
 
 DATA, MANAGEMENT, METRICS = "data", "management", "metrics"
 LISTENERS = (DATA, MANAGEMENT, METRICS)
-
-
-class Access(enum.Enum):
-    """Who may call a route (server/http/auth.py has the keys).
-
-    OPEN: the health and readiness family; probes need no credentials. DATA: inference and
-    information (API or admin key). METRICS: scrapes (same keys as DATA). ADMIN: control plane
-    and adapter management (admin key; with no admin keys configured, an API key)."""
-
-    OPEN = "open"
-    DATA = "data"
-    METRICS = "metrics"
-    ADMIN = "admin"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,8 +17,8 @@ import grpc
 from grpc import aio
 
 from server.core.overhead import EngineWait, engine_wait_var
+from server.http.access import Access
 from server.http.auth import Keyring, bearer_token
-from server.http.routes import Access
 
 AUTHORIZATION = "authorization"
 API_KEY_NEEDED = "This server requires an API key: send it as 'authorization: Bearer <key>'"

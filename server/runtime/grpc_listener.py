@@ -71,18 +71,22 @@ def plan_grpc(
 
 class LateInterceptor(aio.ServerInterceptor):
     """The gateway's interceptor, known only once the engine is up (the server, which takes its
-    interceptors when built, is built before: it holds the port)."""
+    interceptors when built, is built before: it holds the port); set exactly once."""
 
     def __init__(self) -> None:
-        self.inner: aio.ServerInterceptor | None = None
+        self._inner: aio.ServerInterceptor | None = None
+
+    def serve(self, inner: aio.ServerInterceptor) -> None:
+        assert self._inner is None, "the gRPC interceptor is set once"
+        self._inner = inner
 
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
         details: grpc.HandlerCallDetails,
     ) -> Handler | None:
-        assert self.inner is not None, "the server starts only once the gateway is built"
-        handler: Handler | None = await self.inner.intercept_service(continuation, details)
+        assert self._inner is not None, "the server starts only once the gateway is built"
+        handler: Handler | None = await self._inner.intercept_service(continuation, details)
         return handler
 
 
@@ -129,7 +133,7 @@ async def start_grpc(gateway: Gateway, bound: BoundGrpc | None) -> aio.Server | 
     """Serve the bound port with every protocol's gRPC services."""
     if bound is None:
         return None
-    bound.access.inner = gateway.grpc_interceptor(bound.plan.peer_allowed)
+    bound.access.serve(gateway.grpc_interceptor(bound.plan.peer_allowed))
     for service in gateway.grpc_services:
         service.add_to(bound.server)
     await bound.server.start()

@@ -13,75 +13,40 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import socket
+import sys
 import time
-from collections.abc import Callable, Coroutine, Generator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Sequence
+from functools import partial
 from typing import Any
 
-import uvicorn
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from server.core.adapter_state import SavedAdapter
-from server.core.adapters import AdapterRegistry
 from server.core.engine import Engine
 from server.core.errors import GatewayError, ServiceUnavailable
 from server.core.lifecycle import Lifecycle, Shutdown, State, log_phase
-from server.gateway import (
-    Gateway,
-    build_gateway,
-    register_startup_adapters,
-    saved_adapters,
-    starting_answers,
-)
+from server.gateway import Gateway, build_gateway, starting_answers
 from server.http.starting import StartingAnswers
 from server.runtime.grpc_listener import (
     BoundGrpc,
     GrpcPlan,
     bind_grpc,
-    plan_grpc,
     start_grpc,
     stop_grpc,
 )
-from server.runtime.limits import (
-    CONNECTIONS_PER_LINK,
-    HttpLimits,
-    check_uvicorn,
-    limited_protocol,
-)
-from server.runtime.ports import PortUnavailable, bind_port
-from server.runtime.tls import build_context, check_bind_address, tls_files
+from server.runtime.limits import check_uvicorn
+from server.runtime.listeners import GatewayServer, Listener, plan_listeners, uvicorn_config
+from server.runtime.placement import Placement
+from server.runtime.ports import PortUnavailable
 from server.runtime.worker import Worker
-from server.runtime.worker_link import MirrorRegistry, OwnerLink, RegistryOwner
 from server.settings import Settings
 
 logger = logging.getLogger("gateway")
 EngineFactory = Callable[[Settings], Coroutine[Any, Any, Engine]]
-Hook = Callable[[Gateway], None]
 ABORT_GRACE_S = 5.0  # after aborting on drain timeout, how long aborted requests get to end
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Listener:
-    host: str
-    port: int
-    roles: tuple[str, ...]
-    tls_listener: str  # whose TLS settings apply
-
-
-def plan_listeners(settings: Settings) -> list[Listener]:
-    """Data, management and metrics listeners; those on the same address are merged."""
-    server = settings.server
-    merged: dict[tuple[str, int], list[str]] = {}
-    for role in ("data", "management", "metrics"):
-        spec = getattr(server, role)
-        merged.setdefault((spec.host, spec.port), []).append(role)
-    return [
-        Listener(host=host, port=port, roles=tuple(roles), tls_listener=roles[0])
-        for (host, port), roles in merged.items()
-    ]
 
 
 class StartingApp:
@@ -111,74 +76,35 @@ class StartingApp:
         await answer(scope, receive, send)
 
 
-class GatewayServer(uvicorn.Server):
-    """uvicorn without its own signal handling: the gateway owns signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-
-def uvicorn_config(app: ASGIApp, listener: Listener, settings: Settings) -> uvicorn.Config:
-    files = tls_files(settings, listener.tls_listener)
-    check_bind_address(settings.server, listener.host, files is not None)
-    config = uvicorn.Config(
-        app,
-        host=listener.host,
-        port=listener.port,
-        loop="uvloop",
-        http="httptools",
-        ws="none",  # no route speaks WebSocket: refuse upgrades instead of handing them over
-        lifespan="off",
-        access_log=False,  # server/metrics.py writes the access log, with the request id
-        log_config=None,
-        timeout_keep_alive=int(settings.server.keep_alive_timeout_s),
-        timeout_graceful_shutdown=int(settings.limits.drain_timeout_s) + 5,
-        # backstop only: server/runtime/limits.py already caps connections at 3 × maxLinkNum
-        limit_concurrency=settings.server.max_links * CONNECTIONS_PER_LINK + 1,
-        server_header=False,
-    )
-    config.load()
-    # httptools bounds neither the request head nor its arrival time (RELIABILITY_PERF.md B.4)
-    config.http_protocol_class = limited_protocol(HttpLimits.from_settings(settings.server))
-    if files is not None:
-        config.ssl = build_context(files)
-    return config
-
-
 async def serve(  # noqa: PLR0915 - the start-up sequence, one step per line
     settings: Settings,
     engine_factory: EngineFactory,
+    placement: Placement,
     *,
-    on_gateway: Hook | None = None,
     started: float | None = None,
-    worker: Worker | None = None,
 ) -> int:
     """Run until stopped. Returns the process exit code: 0 after a stop, 1 if the engine failed.
-    `started` (time.monotonic() at process start) dates the start-up's `ready` line. `worker`:
-    this process is one of several front ends the supervisor started (server/runtime/workers.py).
-    """
+    `placement`: alone, or one of the supervisor's workers (server/runtime/placement.py).
+    `started` (time.monotonic() at process start) dates the start-up's `ready` line."""
     phase = time.monotonic()
     check_uvicorn()
-    lifecycle = worker.lifecycle() if worker else Lifecycle()
-    shutdown = Shutdown(lifecycle, worker.tell_supervisor if worker else None,
-                        drain_delay_s=settings.server.drain_delay)
+    lifecycle = placement.lifecycle()
+    shutdown = Shutdown(lifecycle, placement.report_stop, drain_delay_s=settings.server.drain_delay)
     listeners = plan_listeners(settings)
-    grpc_plan = plan_grpc(settings, shared=worker is not None,
-                          port=worker.grpc_port if worker else None)
-    saved = saved_adapters(settings) if worker is None or worker.owner else []
+    grpc_plan = placement.grpc_plan(settings)
+    saved = placement.saved_adapters(settings)
     holders = [StartingApp(lifecycle, starting_answers(ln.roles)) for ln in listeners]
     servers = [
         GatewayServer(uvicorn_config(h, ln, settings))
         for h, ln in zip(holders, listeners, strict=True)
     ]
     try:
-        sockets, bound_grpc = _bind(listeners, grpc_plan, worker)
+        sockets, bound_grpc = _bind(listeners, grpc_plan, placement)
     except PortUnavailable as exc:
         logger.error("%s", exc)  # the one line: before the engine, no traceback
         return 1
     tasks = await _open(servers, listeners, phase, sockets)
-    StopSignals(shutdown).install(interrupt=worker is None)
+    StopSignals(shutdown).install(interrupt=placement.handles_interrupt)
     try:
         engine = await _start_engine(settings, engine_factory, shutdown.requested)
     except Exception as exc:
@@ -189,13 +115,11 @@ async def serve(  # noqa: PLR0915 - the start-up sequence, one step per line
         await _close_servers(servers, tasks)
         return 0
     gateway = build_gateway(
-        settings, engine, lifecycle=lifecycle, shutdown=shutdown,
-        make_adapters=worker.make_adapters() if worker else AdapterRegistry,
+        settings, engine, shutdown=shutdown,
+        make_adapters=placement.make_adapters, peers=placement.peers,
     )
-    if on_gateway is not None:
-        on_gateway(gateway)
     try:
-        link = await _adapters_at_start(gateway, worker, saved)
+        await placement.start_adapters(gateway, saved)
     except GatewayError as exc:
         await engine.shutdown()
         await _unbind_grpc(bound_grpc)
@@ -204,8 +128,7 @@ async def serve(  # noqa: PLR0915 - the start-up sequence, one step per line
         holder.serve(gateway.app(listener.roles))
     try:
         grpc_server = await start_grpc(gateway, bound_grpc)
-        if worker is not None:
-            await worker.all_started()
+        await placement.all_started()
     except Exception as exc:
         await engine.shutdown()
         await _unbind_grpc(bound_grpc)
@@ -216,47 +139,34 @@ async def serve(  # noqa: PLR0915 - the start-up sequence, one step per line
     gc.freeze()
     lifecycle.ready()
     log_phase(logger, "ready", phase if started is None else started, "since the process started")
-    background = _background_tasks(gateway, worker)
+    background = [asyncio.create_task(watch) for watch in
+                  (watch_engine(gateway), *placement.watches(gateway))]
     await shutdown.requested.wait()
     await drain(gateway)
     for task in background:
         task.cancel()
     await stop_grpc(grpc_server)
     await _close_servers(servers, tasks)
-    await _leave_registry(link, gateway.settings.limits.drain_timeout_s)
+    await placement.leave(settings.limits.drain_timeout_s + ABORT_GRACE_S)
     await engine.shutdown()
     lifecycle.stopped()
     logger.info("stopped")
     return 1 if lifecycle.state is State.FAILED else 0
 
 
-async def _adapters_at_start(
-    gateway: Gateway, worker: Worker | None, saved: list[SavedAdapter]
-) -> RegistryOwner | OwnerLink | None:
-    """Register the start-up adapters. With several workers the owner does, serving its
-    registry to the others; a mirror connects to it and takes its names instead."""
-    if worker is None:
-        await _register_adapters(gateway, saved)
-        return None
-    if worker.owner:
-        owner = RegistryOwner(gateway.adapters, worker.registry_path, gateway.service.peers)
-        await owner.start()
-        await _register_adapters(gateway, saved)
-        return owner
-    assert isinstance(gateway.adapters, MirrorRegistry)
-    link = gateway.adapters.link
-    link.serve_peers(gateway.service.peers)
-    await link.connect()
-    return link
+def run_worker(settings: Settings, worker: Worker) -> None:
+    """The entry point of a worker process the supervisor spawned (server/runtime/workers.py)."""
+    import uvloop
 
+    from server.engines.factory import create_engine
+    from server.observability.logs import configure_logging
 
-async def _leave_registry(link: RegistryOwner | OwnerLink | None, timeout_s: float) -> None:
-    """A mirror disconnects after its drain; the owner serves until every mirror has (their
-    requests still acquire and release adapters while they drain)."""
-    if isinstance(link, RegistryOwner):
-        await link.wait_mirrors_gone(timeout_s + ABORT_GRACE_S)
-    if link is not None:
-        await link.close()
+    configure_logging(
+        settings.logging.level, json_format=settings.logging.json_format, process=worker.name
+    )
+    logger.info("%s pid %d", worker.name, os.getpid())
+    factory = partial(create_engine, client=worker.engine)
+    sys.exit(uvloop.run(serve(worker.share(settings), factory, worker.placement())))
 
 
 class StopSignals:
@@ -349,20 +259,6 @@ async def _start_engine(
     return None
 
 
-def _background_tasks(gateway: Gateway, worker: Worker | None) -> list[asyncio.Task[None]]:
-    """The engine watchdog, adapterDir rescans (LoraConfig.adapterDirRefresh s; 0 = off; only in
-    the registry's owner) and, in a worker, the watch on its supervisor."""
-    tasks = [asyncio.create_task(watch_engine(gateway))]
-    if worker is not None:
-        tasks.append(asyncio.create_task(worker.watch_supervisor(gateway.shutdown.request)))
-    watch_folders = worker is None or worker.owner
-    lora = gateway.settings.lora
-    interval = lora.adapter_dir_refresh_s
-    if watch_folders and lora.enabled and interval > 0 and gateway.adapters.limits.discovery_dirs:
-        tasks.append(asyncio.create_task(gateway.adapters.watch_folders(interval)))
-    return tasks
-
-
 async def _failed_start(
     what: str,
     exc: Exception,
@@ -376,32 +272,12 @@ async def _failed_start(
     return 1
 
 
-async def _register_adapters(gateway: Gateway, saved: list[SavedAdapter]) -> None:
-    since = time.monotonic()
-    await register_startup_adapters(gateway, saved)
-    log_phase(logger, "adapters", since, f"{len(gateway.adapters)} registered")
-
-
-def bind_listeners(listeners: list[Listener]) -> list[socket.socket]:
-    """One listening socket per listener, bound exclusively; PortUnavailable (and none left
-    open) if any address is taken."""
-    sockets: list[socket.socket] = []
-    try:
-        for listener in listeners:
-            sockets.append(bind_port(listener.host, listener.port, listener.roles, listen=True))
-    except PortUnavailable:
-        for sock in sockets:
-            sock.close()
-        raise
-    return sockets
-
-
 def _bind(
-    listeners: list[Listener], grpc_plan: GrpcPlan | None, worker: Worker | None
+    listeners: list[Listener], grpc_plan: GrpcPlan | None, placement: Placement
 ) -> tuple[list[socket.socket], BoundGrpc | None]:
-    """Every listener's port, bound (a worker's sockets join its supervisor's reservation);
-    PortUnavailable, with none left open, if one cannot be."""
-    sockets = worker.listening_sockets(listeners) if worker else bind_listeners(listeners)
+    """Every listener's port, bound as the placement binds them (a worker's sockets join its
+    supervisor's reservation); PortUnavailable, with none left open, if one cannot be."""
+    sockets = placement.bind(listeners)
     try:
         return sockets, bind_grpc(grpc_plan)
     except PortUnavailable:

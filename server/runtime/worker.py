@@ -1,10 +1,12 @@
 """One front-end process among `ServerConfig.workers` (started by server/runtime/workers.py).
 
 A worker serves every listener on the sockets the supervisor bound, as its own client of the one
-engine core (vLLM's multi-API-server launch), with worker 0 owning the adapter registry and the
-others mirroring it (server.runtime.worker_link.py). What the workers share beyond that lives in
-the supervisor's shared memory: the start barrier (one readiness: every worker turns ready at the
-same moment, after worker 0 registered the start-up adapters) and the MindIE role.
+engine core (vLLM's multi-API-server launch), with worker 0 owning the adapter registry
+(`OwnerWorker`) and the others mirroring it (`MirrorWorker`; server/runtime/worker_link.py).
+Both are placements (server/runtime/placement.py): `serve` runs them as it runs a standalone
+process. What the workers share beyond the link lives in the supervisor's shared memory: the
+start barrier (one readiness: every worker turns ready at the same moment, after worker 0
+registered the start-up adapters) and the MindIE role.
 """
 
 from __future__ import annotations
@@ -14,24 +16,27 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from server.core.adapter_state import SavedAdapter
 from server.core.adapters import AdapterRegistry
 from server.core.errors import ServiceUnavailable
 from server.core.lifecycle import Lifecycle, Role
+from server.core.peers import Peers
+from server.gateway import Gateway, saved_adapters
+from server.runtime.grpc_listener import GrpcPlan, plan_grpc
+from server.runtime.listeners import Listener
+from server.runtime.placement import Placement, Watch, folder_watch, register_adapters
 from server.runtime.ports import bind_port
-from server.runtime.worker_link import mirror_factory
+from server.runtime.worker_link import MirrorRegistry, OwnerLink, RegistryOwner
+from server.settings import Settings
 
 if TYPE_CHECKING:
     from server.engines.vllm_launch import ClientPlace
-    from server.runtime.process import Listener
-    from server.settings import Settings
 
 ROLES = tuple(Role)
 START_TIMEOUT_S = 900.0  # every worker started (engine clients, adapters) within this
@@ -39,6 +44,8 @@ START_TIMEOUT_S = 900.0  # every worker started (engine clients, adapters) withi
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Worker:
+    """What the supervisor hands a worker process it spawns."""
+
     index: int
     count: int
     ports: tuple[int, ...]  # one per listener, in `plan_listeners` order (0 resolved)
@@ -48,20 +55,13 @@ class Worker:
     role: Any  # a multiprocessing RawValue("i"): index of the role in ROLES
     engine: ClientPlace | None  # None: the fake engine (one per worker)
 
-    def listening_sockets(self, listeners: Sequence[Listener]) -> list[socket.socket]:
-        """This worker's own socket per listener, sharing the port with the other workers
-        (SO_REUSEPORT: the kernel spreads new connections evenly over them; one socket accepted
-        by all would let whichever worker wakes first take every waiting connection)."""
-        return [bind_port(ln.host, port, ln.roles, listen=True, shared=True)
-                for ln, port in zip(listeners, self.ports, strict=True)]
-
-    @property
-    def owner(self) -> bool:
-        return self.index == 0
-
     @property
     def name(self) -> str:
         return f"worker-{self.index}"
+
+    def placement(self) -> Placement:
+        """Worker 0 owns the adapter registry; the others mirror it."""
+        return OwnerWorker(self) if self.index == 0 else MirrorWorker(self)
 
     def share(self, settings: Settings) -> Settings:
         """This worker's part of the server-wide limits (connections, admitted and queued
@@ -77,31 +77,100 @@ class Worker:
             }),
         })
 
+
+class WorkerPlacement:
+    """What every worker does alike: the supervisor's shared role, its stop relay (SIGINT is
+    the supervisor's to relay), its reserved ports, its start barrier and the watch on it."""
+
+    handles_interrupt = False
+    peers: Peers
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
     def lifecycle(self) -> Lifecycle:
-        return SharedRoleLifecycle(self.role)
+        return SharedRoleLifecycle(self.worker.role)
 
-    def make_adapters(self) -> Callable[..., AdapterRegistry]:
-        return AdapterRegistry if self.owner else mirror_factory(self.registry_path)
-
-    def tell_supervisor(self, force: bool) -> None:
-        """A stop was requested here (GET /stopService, `?mode=Force`): the supervisor stops
-        every worker the same way."""
+    def report_stop(self, force: bool) -> None:
+        """The supervisor stops every worker the same way (SIGUSR2: `?mode=Force`)."""
         os.kill(os.getppid(), signal.SIGUSR2 if force else signal.SIGUSR1)
 
-    async def watch_supervisor(self, stop: Callable[[], None]) -> None:
-        """Stop if the supervisor is gone (killed): a worker never serves on its own."""
-        parent = os.getppid()
-        while os.getppid() == parent:  # noqa: ASYNC110 (no event tells a parent's death)
-            await asyncio.sleep(1.0)
-        logging.getLogger("gateway").error("the supervisor is gone: stopping")
-        stop()
+    def grpc_plan(self, settings: Settings) -> GrpcPlan | None:
+        return plan_grpc(settings, shared=True, port=self.worker.grpc_port)
+
+    def bind(self, listeners: Sequence[Listener]) -> list[socket.socket]:
+        """This worker's own socket per listener, sharing the port with the other workers
+        (SO_REUSEPORT: the kernel spreads new connections evenly over them; one socket accepted
+        by all would let whichever worker wakes first take every waiting connection)."""
+        return [bind_port(ln.host, port, ln.roles, listen=True, shared=True)
+                for ln, port in zip(listeners, self.worker.ports, strict=True)]
 
     async def all_started(self) -> None:
-        """Return when every worker has started; ServiceUnavailable if one failed to."""
         try:
-            await asyncio.to_thread(self.started.wait, START_TIMEOUT_S)
+            await asyncio.to_thread(self.worker.started.wait, START_TIMEOUT_S)
         except threading.BrokenBarrierError:
             raise ServiceUnavailable("another worker failed to start") from None
+
+    def watches(self, gateway: Gateway) -> list[Watch]:
+        return [watch_supervisor(gateway.shutdown.request)]
+
+
+class OwnerWorker(WorkerPlacement):
+    """Worker 0: registers the start-up adapters and serves its registry to the others."""
+
+    def __init__(self, worker: Worker) -> None:
+        super().__init__(worker)
+        self._owner = RegistryOwner(worker.registry_path)
+        self.peers = Peers(self._owner.ask_mirrors)
+
+    def saved_adapters(self, settings: Settings) -> list[SavedAdapter]:
+        return saved_adapters(settings)
+
+    def make_adapters(self, **parts: Any) -> AdapterRegistry:
+        return AdapterRegistry(on_change=self._owner.publish, **parts)
+
+    async def start_adapters(self, gateway: Gateway, saved: list[SavedAdapter]) -> None:
+        await self._owner.start(gateway.adapters, self.peers)
+        await register_adapters(gateway, saved)
+
+    def watches(self, gateway: Gateway) -> list[Watch]:
+        return [*super().watches(gateway), *folder_watch(gateway)]
+
+    async def leave(self, timeout_s: float) -> None:
+        """Serve until every mirror has left (their requests still acquire and release adapters
+        while they drain)."""
+        await self._owner.wait_mirrors_gone(timeout_s)
+        await self._owner.close()
+
+
+class MirrorWorker(WorkerPlacement):
+    """Workers 1..N-1: take the owner's adapters and send it every change."""
+
+    def __init__(self, worker: Worker) -> None:
+        super().__init__(worker)
+        self._link = OwnerLink(worker.registry_path)
+        self.peers = Peers(self._link.ask_owner)
+
+    def saved_adapters(self, settings: Settings) -> list[SavedAdapter]:
+        return []  # the owner registers them
+
+    def make_adapters(self, **parts: Any) -> AdapterRegistry:
+        return MirrorRegistry(link=self._link, **parts)
+
+    async def start_adapters(self, gateway: Gateway, saved: list[SavedAdapter]) -> None:
+        await self._link.connect(gateway.adapters.show, self.peers)
+
+    async def leave(self, timeout_s: float) -> None:
+        await self._link.close()
+
+
+async def watch_supervisor(stop: Callable[[], None]) -> None:
+    """Stop if the supervisor is gone (killed): a worker never serves on its own."""
+    parent = os.getppid()
+    while os.getppid() == parent:  # noqa: ASYNC110 (no event tells a parent's death)
+        await asyncio.sleep(1.0)
+    logging.getLogger("gateway").error("the supervisor is gone: stopping")
+    stop()
 
 
 class SharedRoleLifecycle(Lifecycle):
@@ -125,19 +194,3 @@ class SharedRoleLifecycle(Lifecycle):
 def _part(total: int, count: int) -> int:
     """`total` split over `count` workers, rounded up (0 stays 0: "none")."""
     return -(-total // count)
-
-
-def run_worker(settings: Settings, worker: Worker) -> None:
-    """The entry point of a spawned worker process."""
-    import uvloop
-
-    from server.engines.factory import create_engine
-    from server.observability.logs import configure_logging
-    from server.runtime.process import serve
-
-    configure_logging(
-        settings.logging.level, json_format=settings.logging.json_format, process=worker.name
-    )
-    logging.getLogger("gateway").info("%s pid %d", worker.name, os.getpid())
-    factory = partial(create_engine, client=worker.engine)
-    sys.exit(uvloop.run(serve(worker.share(settings), factory, worker=worker)))

@@ -28,7 +28,7 @@ import logging
 import pickle
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +37,7 @@ from server.core.adapter_commands import Acquire, Command
 from server.core.adapter_files import AdapterRules
 from server.core.adapter_sources import AdapterFetcher
 from server.core.adapters import AdapterLimits, AdapterRegistry, RegistryView
+from server.core.composition import Composition
 from server.core.engine import Engine
 from server.core.errors import EngineError, GatewayError, ServiceUnavailable
 from server.core.peers import Peers
@@ -131,22 +132,25 @@ class _Mirror:
 
 
 class RegistryOwner:
-    """Serves the registry of worker 0 to the mirrors, and relays peer operations."""
+    """Serves the registry of worker 0 to the mirrors, and relays peer operations. Made before
+    the registry and the peers it serves, which take `publish` and `ask_mirrors` when built;
+    `start` serves them."""
 
-    def __init__(self, registry: AdapterRegistry, path: Path, peers: Peers) -> None:
-        self._registry = registry
+    def __init__(self, path: Path) -> None:
         self._path = path
-        self._peers = peers
+        self._registry: AdapterRegistry | None = None  # served once started
+        self._peers = Peers()
         self._mirrors: set[_Mirror] = set()
         self._leases: dict[int, AdapterHandle] = {}  # acquired by a mirror, not released yet
         self._lease_ids = itertools.count(1)
         self._version = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
-        registry.on_change = self.publish
-        peers.remote = self._ask_mirrors
 
-    async def start(self) -> None:
+    async def start(self, registry: AdapterRegistry, peers: Peers) -> None:
+        """Serve `registry` (built with `on_change=self.publish`) and answer the mirrors' peer
+        operations with `peers` (built with `remote=self.ask_mirrors`)."""
+        self._registry, self._peers = registry, peers
         self._server = await asyncio.start_unix_server(self._serve, path=str(self._path))
 
     async def wait_mirrors_gone(self, timeout_s: float) -> None:
@@ -164,11 +168,17 @@ class RegistryOwner:
 
     async def publish(self) -> None:
         """Push the current view to every mirror; return once each has taken it."""
+        if self._registry is None:
+            return  # not serving yet: no mirror to tell
         self._version += 1
         version, view = self._version, self._registry.view()
         await asyncio.gather(*(mirror.push(version, view) for mirror in list(self._mirrors)))
 
-    async def _ask_mirrors(
+    def _serving(self) -> AdapterRegistry:
+        assert self._registry is not None, "mirrors connect only once the owner started"
+        return self._registry
+
+    async def ask_mirrors(
         self, op: str, args: tuple[Any, ...], origin: _Mirror | None = None
     ) -> list[Any]:
         mirrors = [m for m in list(self._mirrors) if m is not origin]
@@ -178,7 +188,7 @@ class RegistryOwner:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         mirror = _Mirror(writer)
         self._mirrors.add(mirror)
-        mirror.send(("state", self._version, self._registry.view()))
+        mirror.send(("state", self._version, self._serving().view()))
         try:
             while True:
                 self._dispatch(mirror, await _receive(reader))
@@ -198,7 +208,7 @@ class RegistryOwner:
         elif kind == "release":
             handle = self._leases.pop(message[1], None)
             if handle is not None:
-                self._registry.release(handle, message[2])
+                self._serving().release(handle, message[2])
         elif kind == "call":
             task = asyncio.create_task(self._answer(mirror, message[1], message[2]))
             self._tasks.add(task)
@@ -220,25 +230,26 @@ class RegistryOwner:
     async def _run(self, mirror: _Mirror, call: Call) -> Any:
         if isinstance(call, PeerAsk):  # a mirror's peer operation: here, then every other mirror
             here = await self._peers.run_here(call.op, call.args)
-            return [here, *await self._ask_mirrors(call.op, call.args, origin=mirror)]
+            return [here, *await self.ask_mirrors(call.op, call.args, origin=mirror)]
         if isinstance(call, Acquire):  # held by the mirror under a lease until it releases it
-            handle = await self._registry.run(call)
+            handle = await self._serving().run(call)
             lease = next(self._lease_ids)
             self._leases[lease] = handle
             return lease, handle
         if isinstance(call, Command):
-            return await self._registry.run(call)
+            return await self._serving().run(call)
         raise EngineError(f"unknown adapter call {call!r}")
 
 
 class OwnerLink:
     """A mirror's connection to the owner (its registry's owner port): commands, releases, and
-    the owner's pushed views."""
+    the owner's pushed views. Made before the registry and the peers it serves, which take it and
+    `ask_owner` when built; `connect` serves them."""
 
-    def __init__(self, path: Path, show: Callable[[RegistryView], None]) -> None:
+    def __init__(self, path: Path) -> None:
         self._path = path
-        self._show = show
-        self._peers = Peers()  # replaced by `serve_peers`
+        self._show: Callable[[RegistryView], None] | None = None
+        self._peers = Peers()
         self._tasks: set[asyncio.Task[None]] = set()
         self._calls: dict[int, asyncio.Future[tuple[bool, Any]]] = {}
         self._abandoned: set[int] = set()  # acquires whose caller gave up: release on reply
@@ -249,8 +260,13 @@ class OwnerLink:
         self._first_view = asyncio.Event()
         self._version = -1
 
-    async def connect(self, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-        """Connect (the owner may still be starting) and take its first view."""
+    async def connect(
+        self, show: Callable[[RegistryView], None], peers: Peers,
+        timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
+        """Connect (the owner may still be starting), `show` the owner's views (the first before
+        this returns) and answer the others' peer operations with `peers`."""
+        self._show, self._peers = show, peers
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -263,15 +279,10 @@ class OwnerLink:
         self._reader_task = asyncio.create_task(self._read(reader))
         await self._first_view.wait()
 
-    def serve_peers(self, peers: Peers) -> None:
-        """Answer the others' peer operations with `peers`, and ask them through the owner."""
-        self._peers = peers
-
-        async def remote(op: str, args: tuple[Any, ...]) -> list[Any]:
-            answers: list[Any] = await self.call(PeerAsk(op, args))
-            return answers
-
-        peers.remote = remote
+    async def ask_owner(self, op: str, args: tuple[Any, ...]) -> list[Any]:
+        """Every other worker's answer to a peer operation (the owner relays it)."""
+        answers: list[Any] = await self.call(PeerAsk(op, args))
+        return answers
 
     async def close(self) -> None:
         if self._reader_task is not None:
@@ -340,7 +351,7 @@ class OwnerLink:
             return
         if message[0] == "state":
             _, version, view = message
-            if version > self._version:
+            if version > self._version and self._show is not None:
                 self._version = version
                 self._show(view)
             self._first_view.set()
@@ -367,24 +378,16 @@ class MirrorRegistry(AdapterRegistry):
     It reads from the owner's pushed view; every command runs in the owner. Only construction
     is its own: it overrides no method (tests/unit/test_adapter_commands.py)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the owner's parts, as build_gateway passes them
         self, *, engine: Engine, rules: AdapterRules, limits: AdapterLimits,
-        state_file: Path | None = None, fetcher: AdapterFetcher | None = None, link_path: Path,
+        state_file: Path | None = None, fetcher: AdapterFetcher | None = None,
+        composition: Composition | None = None,
+        on_change: Callable[[], Awaitable[None]] | None = None, link: OwnerLink,
     ) -> None:
-        del state_file  # the owner keeps it
-        link = OwnerLink(link_path, self.show)
+        del state_file, composition, on_change  # the owner keeps, composes and publishes
         # the fetcher tells which names sources may hold; the owner does every fetch
         super().__init__(engine=engine, rules=rules, limits=limits, fetcher=fetcher, owner=link)
         self.link = link
 
 
-def mirror_factory(link_path: Path) -> Callable[..., AdapterRegistry]:
-    """`build_gateway`'s registry maker for a mirror worker."""
-
-    def make(**kwargs: Any) -> AdapterRegistry:
-        return MirrorRegistry(link_path=link_path, **kwargs)
-
-    return make
-
-
-__all__ = ["MirrorRegistry", "OwnerLink", "RegistryOwner", "mirror_factory"]
+__all__ = ["MirrorRegistry", "OwnerLink", "RegistryOwner"]

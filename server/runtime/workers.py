@@ -35,9 +35,10 @@ from typing import TYPE_CHECKING, Any
 from server.core.lifecycle import log_phase
 from server.engines.factory import launch_core
 from server.runtime.grpc_listener import plan_grpc
+from server.runtime.listeners import plan_listeners, uvicorn_config
 from server.runtime.ports import PortUnavailable, bind_port, check_free
-from server.runtime.process import plan_listeners, uvicorn_config
-from server.runtime.worker import Worker, run_worker
+from server.runtime.process import run_worker
+from server.runtime.worker import Worker
 from server.settings import Settings
 
 if TYPE_CHECKING:

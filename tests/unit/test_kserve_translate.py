@@ -779,14 +779,14 @@ async def test_stats_sum_every_workers_numbers() -> None:
     from server.core.peers import Peers
 
     ticks = iter(range(0, 10_000, 10))
-    here, there = Peers(), Peers()
-    mine = InferenceStats(clock=lambda: next(ticks), wall=lambda: 1.0, peers=here)
-    theirs = InferenceStats(clock=lambda: next(ticks), wall=lambda: 2.0, peers=there)
+    there = Peers()
 
     async def ask_the_other(op: str, args: tuple[object, ...]) -> list[object]:
         return [await there.run_here(op, args)]
 
-    here.remote = ask_the_other
+    here = Peers(ask_the_other)
+    mine = InferenceStats(clock=lambda: next(ticks), wall=lambda: 1.0, peers=here)
+    theirs = InferenceStats(clock=lambda: next(ticks), wall=lambda: 2.0, peers=there)
     mine.timer("m").failure()
     for stats in (mine, theirs, theirs):
         timer = stats.timer("m")

@@ -21,9 +21,9 @@ from server.core.errors import (
     Overloaded,
     StateNotSaved,
 )
-from server.core.peers import Peers
+from server.core.peers import Peers, Remote
 from server.engines.fake import FakeEngine
-from server.runtime.worker_link import MirrorRegistry, RegistryOwner
+from server.runtime.worker_link import MirrorRegistry, OwnerLink, RegistryOwner
 from tests.unit.demo_kit import SHAPE, write_adapter
 
 pytestmark = pytest.mark.anyio
@@ -57,20 +57,22 @@ def _limits(root: Path, **changes: object) -> AdapterLimits:
     return AdapterLimits(**fields)  # type: ignore[arg-type]
 
 
+def _mirror(root: Path, path: Path) -> MirrorRegistry:
+    return MirrorRegistry(engine=FakeEngine(model_name="tiny"), rules=_rules(root),
+                          limits=_limits(root), link=OwnerLink(path))
+
+
 @pytest.fixture
 async def cluster(root: Path, tmp_path: Path) -> AsyncIterator[Cluster]:
     engine = FakeEngine(model_name="tiny")
-    owner = AdapterRegistry(engine=engine, rules=_rules(root), limits=_limits(root))
     path = tmp_path / "registry.sock"
-    server = RegistryOwner(owner, path, Peers())
-    await server.start()
-    mirrors = [
-        MirrorRegistry(engine=FakeEngine(model_name="tiny"), rules=_rules(root),
-                       limits=_limits(root), link_path=path)
-        for _ in range(2)
-    ]
+    server = RegistryOwner(path)
+    owner = AdapterRegistry(engine=engine, rules=_rules(root), limits=_limits(root),
+                            on_change=server.publish)
+    await server.start(owner, Peers())
+    mirrors = [_mirror(root, path) for _ in range(2)]
     for mirror in mirrors:
-        await mirror.link.connect(timeout_s=5)
+        await mirror.link.connect(mirror.show, Peers(), timeout_s=5)
     yield Cluster(owner, engine, mirrors)
     for mirror in mirrors:
         await mirror.link.close()
@@ -145,13 +147,12 @@ async def test_an_abandoned_wait_gives_its_place_back(cluster: Cluster, root: Pa
 async def test_a_full_engine_answers_overloaded_through_the_link(
     root: Path, tmp_path: Path
 ) -> None:
+    server = RegistryOwner(tmp_path / "r.sock")
     owner = AdapterRegistry(engine=FakeEngine(model_name="tiny"), rules=_rules(root),
-                            limits=_limits(root, wait_s=0.1))
-    server = RegistryOwner(owner, tmp_path / "r.sock", Peers())
-    await server.start()
-    mirror = MirrorRegistry(engine=FakeEngine(model_name="tiny"), rules=_rules(root),
-                            limits=_limits(root), link_path=tmp_path / "r.sock")
-    await mirror.link.connect(timeout_s=5)
+                            limits=_limits(root, wait_s=0.1), on_change=server.publish)
+    await server.start(owner, Peers())
+    mirror = _mirror(root, tmp_path / "r.sock")
+    await mirror.link.connect(mirror.show, Peers(), timeout_s=5)
     held = await owner.acquire("a1")
     with pytest.raises(Overloaded):
         await mirror.acquire("a2")
@@ -161,8 +162,8 @@ async def test_a_full_engine_answers_overloaded_through_the_link(
 
 
 async def test_the_owner_waits_for_mirrors_to_leave(cluster: Cluster, tmp_path: Path) -> None:
-    server_gone = RegistryOwner(cluster.owner, tmp_path / "other.sock", Peers())
-    await server_gone.start()
+    server_gone = RegistryOwner(tmp_path / "other.sock")
+    await server_gone.start(cluster.owner, Peers())
     await server_gone.wait_mirrors_gone(0.05)  # none connected: returns at once
     await server_gone.close()
 
@@ -180,29 +181,25 @@ async def test_a_peer_operation_runs_on_every_other_worker_not_the_asker(
 ) -> None:
     ran: list[str] = []
 
-    def peers_named(name: str) -> Peers:
+    def peers_named(name: str, remote: Remote) -> Peers:
         async def echo(value: str) -> str:
             ran.append(name)
             return f"{name}:{value}"
 
-        peers = Peers()
+        peers = Peers(remote)
         peers.handle("echo", echo)
         return peers
 
-    owner_peers = peers_named("owner")
-    server = RegistryOwner(
-        AdapterRegistry(engine=FakeEngine(model_name="tiny"), rules=_rules(root),
-                        limits=_limits(root)),
-        tmp_path / "p.sock", owner_peers,
-    )
-    await server.start()
+    server = RegistryOwner(tmp_path / "p.sock")
+    owner_peers = peers_named("owner", server.ask_mirrors)
+    registry = AdapterRegistry(engine=FakeEngine(model_name="tiny"), rules=_rules(root),
+                               limits=_limits(root), on_change=server.publish)
+    await server.start(registry, owner_peers)
     mirrors, mirror_peers = [], []
     for index in range(2):
-        mirror = MirrorRegistry(engine=FakeEngine(model_name="tiny"), rules=_rules(root),
-                                limits=_limits(root), link_path=tmp_path / "p.sock")
-        peers = peers_named(f"mirror-{index}")
-        mirror.link.serve_peers(peers)
-        await mirror.link.connect(timeout_s=5)
+        mirror = _mirror(root, tmp_path / "p.sock")
+        peers = peers_named(f"mirror-{index}", mirror.link.ask_owner)
+        await mirror.link.connect(mirror.show, peers, timeout_s=5)
         mirrors.append(mirror)
         mirror_peers.append(peers)
     from_mirror = await mirror_peers[0].ask("echo", "x")
