@@ -3,7 +3,6 @@ as in use until it is released, when its place may go to another adapter."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from server.core.adapter_catalog import AdapterCatalog
@@ -44,7 +43,7 @@ class AdapterLeases:
             record = await self._residency.wait_resident(target, requested=name, cold=True)
         record.inflight += 1
         record.requests += 1
-        record.last_used = time.monotonic()
+        self._residency.mark_used(record)
         return record.handle
 
     def release(self, handle: AdapterHandle, generated_tokens: int = 0) -> None:
@@ -53,7 +52,7 @@ class AdapterLeases:
             return
         record.inflight = max(0, record.inflight - 1)
         record.generated_tokens += generated_tokens
-        record.last_used = time.monotonic()
+        self._residency.mark_used(record)
         if record.inflight == 0:
             self._residency.signal_room()
             if record.removed:

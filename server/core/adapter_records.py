@@ -46,6 +46,7 @@ class AdapterRecord:
     inflight: int = 0
     registered_at: float = field(default_factory=time.time)
     last_used: float = 0.0
+    last_used_step: int = 0  # the engine's step count (Engine.steps) at `last_used`
     requests: int = 0
     generated_tokens: int = 0
     loads: int = 0
@@ -137,7 +138,9 @@ class AdapterLimits:
     max_loras: int  # engine slots: distinct adapters in one engine step (vLLM enforces it)
     max_cpu_loras: int  # adapters held in the engine at once (this registry enforces it)
     wait_s: float = 60.0  # how long a request waits for a free cached place
-    settle_s: float = 0.25  # an adapter stays in the engine this long after its last request
+    # an adapter stays in the engine after its last request until the engine completed
+    # SETTLE_STEPS steps or, at the latest, this long (server/core/adapter_residency.py)
+    settle_s: float = 0.25
     # folders whose sub-directories are adapters by name: served on first request and kept in
     # sync by `sync_folders` (adapterDir, then the model folder's adapters/); () = off
     discovery_dirs: tuple[str, ...] = ()

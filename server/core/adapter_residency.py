@@ -9,11 +9,16 @@ the engine so vLLM never evicts on its own. Beyond that the least recently used 
 adapter is removed and transparently re-validated and re-added on its next use; a request whose
 adapter finds every cached place pinned or busy waits for one (bounded by `wait_s`).
 
-Why an adapter stays in the engine a moment after its last request (`settle_s`): vLLM may still
-run a finished request's adapter in a step it had already scheduled; an adapter removed in that
-window is read back from disk inside that step, which evicts whatever vLLM's own LRU picks, a
-pinned adapter included, behind the registry's back (found by running the churn tests in reverse
-order). So nothing leaves the engine until `settle_s` after its last request ended.
+Why an adapter stays in the engine a moment after its last request (settling): vLLM may still
+run a finished or aborted request's adapter in a step it had already scheduled; an adapter removed
+in that window is read back from disk inside that step, which evicts whatever vLLM's own LRU picks,
+a pinned adapter included, behind the registry's back (found by running the churn tests in reverse
+order). So nothing leaves the engine until it settled: the engine completed `SETTLE_STEPS` steps
+since its last request ended, or, when steps are not known (`Engine.steps` does not advance),
+`settle_s` passed. Two steps: the step whose outputs ended the request may not be counted yet
+when the request ends (vLLM records a step's stats after handing its outputs to the requests),
+and the one after it may have been scheduled before the end (an abort or a stop string the
+front end found, an engine scheduling a step ahead); any later step was scheduled without it.
 
 Why pins are not passed to the engine: vLLM's `pin_lora` also pins the adapter into an engine
 (GPU) slot, but its scheduler still admits up to `max_loras` other adapters per step; the worker
@@ -40,6 +45,9 @@ from server.core.errors import AdapterNotFound, GatewayError, Overloaded
 from server.core.types import AdapterHandle
 
 logger = logging.getLogger("gateway.adapters")
+
+SETTLE_STEPS = 2  # engine steps after an adapter's last request that settle it
+SETTLE_POLL_S = 0.015  # how often a wait for settling looks at the engine's step count
 
 
 class AdapterResidency:
@@ -123,10 +131,23 @@ class AdapterResidency:
     def _resident_ids(self) -> set[int]:
         return {r.handle.int_id for r in self._catalog.all_records() if r.resident}
 
+    def mark_used(self, record: AdapterRecord) -> None:
+        """A request on `record` started or ended: it settles from now."""
+        record.last_used = time.monotonic()
+        record.last_used_step = self._engine.steps()
+
+    def _settled(self, record: AdapterRecord) -> bool:
+        """No request on the engine's copy of `record` (which names for the same files share)
+        ended too recently."""
+        now, steps, int_id = time.monotonic(), self._engine.steps(), record.handle.int_id
+        return all(
+            r.last_used <= now - self.limits.settle_s or steps - r.last_used_step >= SETTLE_STEPS
+            for r in (record, *self._catalog.all_records()) if r.handle.int_id == int_id
+        )
+
     def _eviction_candidate(self) -> AdapterRecord | None:
         """The least recently used adapter that is idle, unpinned and settled."""
-        settled_before = time.monotonic() - self.limits.settle_s
-        idle = [r for r in self._idle_unpinned() if r.last_used <= settled_before]
+        idle = [r for r in self._idle_unpinned() if self._settled(r)]
         return min(idle, key=lambda r: r.last_used) if idle else None
 
     def _idle_unpinned(self) -> list[AdapterRecord]:
@@ -138,12 +159,15 @@ class AdapterResidency:
         ]
 
     def _settling_in(self) -> float:
-        """Seconds until the next idle adapter settles (the wait is capped by `wait_s`)."""
+        """Seconds until an idle adapter may have settled (the wait is capped by `wait_s`)."""
         idle = self._idle_unpinned()
-        if not idle:
-            return self.limits.wait_s
-        oldest = min(r.last_used for r in idle)
-        return max(oldest + self.limits.settle_s - time.monotonic(), 0.001)
+        return self._next_settle_check(idle) if idle else self.limits.wait_s
+
+    def _next_settle_check(self, records: list[AdapterRecord]) -> float:
+        """Seconds until one of `records` settles by time, or until the step count is worth
+        looking at again (the engine's steps advance without telling anyone)."""
+        oldest = min(r.last_used for r in records)
+        return max(min(oldest + self.limits.settle_s - time.monotonic(), SETTLE_POLL_S), 0.001)
 
     async def _evict(self, victim: AdapterRecord) -> None:
         try:
@@ -168,9 +192,8 @@ class AdapterResidency:
 
     async def unload_settled(self, record: AdapterRecord) -> None:
         """Remove a retired adapter from the engine once it settled, if it is still idle."""
-        wait = record.last_used + self.limits.settle_s - time.monotonic()
-        if wait > 0:
-            await asyncio.sleep(wait)
+        while not self._settled(record):  # noqa: ASYNC110 (the engine does not signal steps)
+            await asyncio.sleep(self._next_settle_check([record]))
         async with self._catalog.lock:
             if record.inflight == 0:
                 await self._unload(record)

@@ -8,7 +8,7 @@ from the engine. `AdapterRegistry` is the façade over its parts, each a module 
 - `adapter_sources`: where adapter files come from (local folders, remote stores: the port);
 - `adapter_changes`: register, update, unregister, aliases, reloads, made durable first in the
   state file (`adapter_state`) and told to the other workers before they are answered;
-- `adapter_residency`: what the engine holds (loading, LRU eviction, pins, the settle delay);
+- `adapter_residency`: what the engine holds (loading, LRU eviction, pins, settling);
 - `adapter_leases`: the request path's acquire and release (in-flight counts);
 - `adapter_discovery`: adapter folders and remote prefixes served on first use, folder rescans;
 - `adapter_commands`: the command set every change goes through (`run`), here (the owner) or, on

@@ -14,6 +14,8 @@ Contract, checked against both engines by tests/contract/:
 6. Every prompt is fitted to the context by `fit_prompt` (server/core/budget.py) once it is
    tokenized: the engine keeps the prompt tokens and generates at most the tokens it says, and
    its refusals (in the protocol's words) raise before `Started`.
+7. `steps` never goes back, never counts a step the engine did not complete, and advances by at
+   least two over a request the engine ran (adapters settle by it).
 """
 
 from __future__ import annotations
@@ -87,6 +89,10 @@ class Engine(Protocol):
     def info(self) -> EngineInfo: ...
 
     def stats(self) -> EngineStats: ...
+
+    def steps(self) -> int:
+        """Engine steps completed so far, as this server learnt of them: never goes back, may
+        lag behind the engine, never runs ahead of it (0 forever if the engine does not say)."""
 
     async def shutdown(self) -> None: ...
 

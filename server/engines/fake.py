@@ -116,6 +116,7 @@ class FakeEngine:
         self.adapters: dict[int, AdapterHandle] = {}
         self.pinned: set[int] = set()
         self.running = 0
+        self.step_count = 0  # requests started and ended: this engine's steps (tests add some)
         self._running_on: dict[str, int] = {}  # running requests per adapter name
         self._aborts: dict[str, asyncio.Event] = {}
 
@@ -264,11 +265,15 @@ class FakeEngine:
         return FakeOutputParser(spec, reasoning=reasoning, tools=tools)
 
     def _count(self, adapter: AdapterHandle | None, change: int) -> None:
+        self.step_count += 1  # a request entered or left the batch: a step in a real engine
         if adapter is not None:
             count = self._running_on.get(adapter.name, 0) + change
             self._running_on[adapter.name] = count
             if count <= 0:
                 del self._running_on[adapter.name]
+
+    def steps(self) -> int:
+        return self.step_count
 
     def stats(self) -> EngineStats:
         """Every request runs at once here: nothing waits in this engine."""

@@ -250,6 +250,9 @@ class VllmEngine:
     def info(self) -> EngineInfo:
         return self._info
 
+    def steps(self) -> int:
+        return self._snapshot.steps
+
     def stats(self) -> EngineStats:
         total = self._llm.vllm_config.cache_config.num_gpu_blocks or 0
         adapters = self._adapter_loads()

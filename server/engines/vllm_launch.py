@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from server.engines.vllm_options import VllmEngineOptions
-from server.engines.vllm_stats import STATS, SchedulerSnapshot, snapshot_logger
+from server.engines.vllm_stats import SchedulerSnapshot, size, snapshot_logger
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -36,7 +36,9 @@ def start_llm(
     args = AsyncEngineArgs(**options.engine_kwargs())
     # A custom per-engine logger is added to vLLM's defaults, so its Prometheus logger
     # (the `vllm:` families in prometheus_client's REGISTRY) stays active.
-    loggers: list[StatLoggerFactory] = [snapshot_logger(snapshot)]
+    loggers: list[StatLoggerFactory] = [
+        snapshot_logger(snapshot, count_steps=options.data_parallel_size == 1)
+    ]
     if client is None:
         return AsyncLLM.from_engine_args(args, stat_loggers=loggers)
     # as vLLM's build_async_engine_client does for each of its API servers
@@ -97,7 +99,7 @@ class CoreLaunch:
             self.engine_manager, self.coordinator = launch.engine_manager, launch.coordinator
             stats = self.coordinator.get_stats_publish_address() if self.coordinator else None
             count = len(listeners.inputs)
-            shared = multiprocessing.get_context("spawn").RawArray("d", STATS + count)
+            shared = multiprocessing.get_context("spawn").RawArray("d", size(count))
             places = [
                 ClientPlace(client_addresses(inp, out, stats), count, index, shared)
                 for index, (inp, out) in enumerate(zip(listeners.inputs, listeners.outputs,

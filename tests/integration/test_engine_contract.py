@@ -80,6 +80,13 @@ def test_started_then_deltas_the_last_carrying_the_finish_then_done(port: Harnes
     assert done.usage.completion_tokens == len(generated_ids(events)) == 7
 
 
+def test_the_steps_that_ran_a_request_are_counted(port: Harness) -> None:
+    """Adapters settle by engine steps (server/core/adapter_residency.py)."""
+    before = port.engine.steps()
+    port.events(request())
+    assert port.engine.steps() >= before + 2
+
+
 def test_each_of_n_choices_ends_exactly_once(port: Harness) -> None:
     events = port.events(request(n=2, temperature=1.0, seed=7, max_new_tokens=5))
     ends = [e for e in events if isinstance(e, Delta) and e.finish is not None]

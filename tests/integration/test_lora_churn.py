@@ -147,8 +147,9 @@ async def test_unregister_with_a_request_in_flight_lets_it_finish(
         assert lines[-1]["details"]["generated_tokens"] == 200 == len(lines)
         refused = await data.post("/invocations", json=body(name))
         assert refused.status_code == 424
-        # The adapter leaves the engine once it settled after its last request (the registry's
-        # settle_s, 0.25 s): vLLM may still run it in a step it had already scheduled.
+        # The adapter leaves the engine once it settled after its last request (two engine
+        # steps, or settle_s, 0.25 s, when nothing else runs, as here): vLLM may still run it
+        # in a step it had already scheduled.
         await asyncio.sleep(1.0)
         # Same name and source get the same LoRA id back: the engine no longer holds it.
         again = await mgmt.post("/adapters", params={"name": name, "src": str(src),

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from server.core.adapter_files import AdapterRules
+from server.core.adapter_residency import SETTLE_STEPS
 from server.core.adapters import AdapterLimits, AdapterRegistry, Residency
 from server.core.errors import (
     AdapterCapacity,
@@ -20,6 +21,7 @@ from server.core.errors import (
     LoraDisabled,
     Overloaded,
 )
+from server.core.types import GenerationRequest, Sampling, TextPrompt
 from server.engines.fake import FakeEngine, FakeScript
 from tests.unit.demo_kit import SHAPE, write_adapter
 
@@ -435,4 +437,97 @@ async def test_an_adapter_stays_in_the_engine_until_it_settled(root: Path) -> No
     registry.release(handle)
     await registry.unregister("a3")  # answers once a3 settled and left the engine
     assert names_in_engine(engine) == {"a2"}
+
+
+async def settling_registry(root: Path, *, wait_s: float = 5.0) -> tuple[AdapterRegistry,
+                                                                       FakeEngine]:
+    """Two cached places, a1 then a2 used and idle, a3 registered only; settle_s far beyond
+    the test, so only engine steps can settle anything."""
+    registry, engine = make_registry(root, max_loras=1, max_cpu_loras=2, settle_s=600.0,
+                                     wait_s=wait_s)
+    for name in ("a1", "a2"):
+        await registry.register(name, str(root / name))
+    await registry.register("a3", str(root / "a3"), preload=False)
+    await use(registry, "a1")
+    await use(registry, "a2")
+    return registry, engine
+
+
+async def test_two_engine_steps_settle_an_adapter_before_settle_s(root: Path) -> None:
+    """Steps the engine completed after a request ended prove no step still runs its adapter:
+    a place frees without waiting for `settle_s`."""
+    registry, engine = await settling_registry(root)
+    engine.step_count += 2
+    registry.release(await registry.acquire("a3"))  # settle_s (600 s) > wait_s: steps did it
+    assert names_in_engine(engine) == {"a2", "a3"}
+    assert registry.get("a1").evictions == 1
+
+
+async def test_one_engine_step_does_not_settle_an_adapter(root: Path) -> None:
+    """The step that ended the request may not be counted yet when it ends: one is not enough."""
+    registry, engine = await settling_registry(root, wait_s=0.1)
+    engine.step_count += 1
+    with pytest.raises(Overloaded):
+        await registry.acquire("a3")
+    assert names_in_engine(engine) == {"a1", "a2"}
+
+
+async def test_steps_never_settle_an_adapter_with_requests_in_flight(root: Path) -> None:
+    registry, engine = await settling_registry(root, wait_s=0.1)
+    held = [await registry.acquire("a1"), await registry.acquire("a2")]
+    engine.step_count += 10
+    with pytest.raises(Overloaded):
+        await registry.acquire("a3")
+    assert names_in_engine(engine) == {"a1", "a2"}
+    for handle in held:
+        registry.release(handle)
+
+
+async def test_a_waiting_request_sees_the_steps_that_settle_a_place(root: Path) -> None:
+    """The engine does not signal its steps: a request waiting for a place looks again soon."""
+    registry, engine = await settling_registry(root)
+    waiting = asyncio.create_task(registry.acquire("a3"))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    engine.step_count += 2
+    registry.release(await asyncio.wait_for(waiting, 2))
+    assert names_in_engine(engine) == {"a2", "a3"}
+
+
+async def test_a_retired_adapter_leaves_the_engine_once_steps_settled_it(root: Path) -> None:
+    registry, engine = await settling_registry(root)
+    unregistering = asyncio.create_task(registry.unregister("a2"))
+    await asyncio.sleep(0.05)
+    assert not unregistering.done()
+    assert "a2" in names_in_engine(engine)
+    engine.step_count += 2
+    await asyncio.wait_for(unregistering, 2)
+    assert names_in_engine(engine) == {"a1"}
+
+
+async def test_an_engine_copy_two_names_share_settles_after_both(root: Path) -> None:
+    """Two names for the same files share the engine's copy: it stays until the last request
+    on either of them settled."""
+    registry, engine = await settling_registry(root, wait_s=0.1)
+    await registry.register("twin", str(root / "a1"))
+    assert registry.get("twin").handle.int_id == registry.get("a1").handle.int_id
+    engine.step_count += 2  # a1 settled
+    await use(registry, "twin")  # the copy a1 shares ran just now
+    await use(registry, "a2")
+    with pytest.raises(Overloaded):
+        await registry.acquire("a3")  # a1 alone settled long ago, its engine copy did not
+    assert registry.get("a1").evictions == 0 and len(engine.adapters) == 2
+    engine.step_count += 2
+    registry.release(await registry.acquire("a3"))
+
+
+async def test_generation_on_the_fake_engine_counts_steps(root: Path) -> None:
+    """The fake engine's steps advance with its requests, as a real engine's do."""
+    engine = FakeEngine(model_name="tiny")
+    before = engine.steps()
+    request = GenerationRequest(request_id="r1", model="", prompt=TextPrompt("w1 w2"),
+                                sampling=Sampling(max_new_tokens=2))
+    events = [event async for event in engine.generate(request, "r1", None)]
+    assert events
+    assert engine.steps() >= before + SETTLE_STEPS
 
