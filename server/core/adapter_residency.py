@@ -19,6 +19,9 @@ since its last request ended, or, when steps are not known (`Engine.steps` does 
 when the request ends (vLLM records a step's stats after handing its outputs to the requests),
 and the one after it may have been scheduled before the end (an abort or a stop string the
 front end found, an engine scheduling a step ahead); any later step was scheduled without it.
+The vLLM engine counts steps only with one front end (`workers: 1`): with several, a worker's
+abort and the owner's `remove_lora` reach the engine core on different sockets, so there the time
+rule alone decides, as before.
 
 Why pins are not passed to the engine: vLLM's `pin_lora` also pins the adapter into an engine
 (GPU) slot, but its scheduler still admits up to `max_loras` other adapters per step; the worker

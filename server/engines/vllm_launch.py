@@ -36,9 +36,11 @@ def start_llm(
     args = AsyncEngineArgs(**options.engine_kwargs())
     # A custom per-engine logger is added to vLLM's defaults, so its Prometheus logger
     # (the `vllm:` families in prometheus_client's REGISTRY) stays active.
-    loggers: list[StatLoggerFactory] = [
-        snapshot_logger(snapshot, count_steps=options.data_parallel_size == 1)
-    ]
+    # Steps settle adapters only with one front end: with several, a worker's abort and the
+    # owner's remove_lora reach the engine core on different sockets, in no guaranteed order,
+    # so the time rule (settle_s) keeps its margin there.
+    one_front_end = client is None and options.data_parallel_size == 1
+    loggers: list[StatLoggerFactory] = [snapshot_logger(snapshot, count_steps=one_front_end)]
     if client is None:
         return AsyncLLM.from_engine_args(args, stat_loggers=loggers)
     # as vLLM's build_async_engine_client does for each of its API servers
