@@ -5,11 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import re
 import shlex
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -21,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from bench.servers import free_port
 from server.core.lifecycle import PHASES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,38 +27,6 @@ DEMO = ROOT / "build" / "demo"
 CERTS = ROOT / "certs"
 
 
-_HANDED_OUT: set[int] = set()
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range: a port the kernel picked (port 0) can be
-    taken again by any outgoing connection or by an engine's own ZMQ socket before the server
-    binds it (seen: a replica refused to start, its port "already in use"). Never the same port
-    twice in one test process."""
-    low = _ephemeral_low()
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(max(1024, low - 16384), low)
-        if port in _HANDED_OUT:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _HANDED_OUT.add(port)
-        return port
-    with socket.socket() as sock:  # a crowded range: the kernel's choice, as before
-        sock.bind(("127.0.0.1", 0))
-        chosen: int = sock.getsockname()[1]
-        return chosen
 
 
 def readme_curl(port: int) -> list[str]:
