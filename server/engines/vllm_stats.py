@@ -16,11 +16,10 @@ class SchedulerSnapshot:
     and per front end its requests in the engine and the engine steps it was told of. With
     several front ends `values` is memory they share: vLLM reports each step to one of them.
 
-    Steps are counted per front end, each slot written by its own process only, and summed on
-    reading: no increment is lost to a concurrent one and the sum never goes back (a read of a
-    slot is never older than an earlier read of it; 8-byte aligned doubles are written whole).
-    A step counted late (another front end still processing it) makes the sum lag behind the
-    engine, which only makes settling by steps (server/core/adapter_residency.py) later."""
+    Steps are counted only where a single front end serves the engine (`start_llm`: with
+    several, adapters settle by time alone); the slots are per front end all the same, each
+    written by its own process only and summed on reading, so that counting with several front
+    ends would lose no increment and never go back."""
 
     __slots__ = ("_mine", "_values")
 
