@@ -1,10 +1,11 @@
 """`python -m bench …`: the load generator and the benchmark scenarios.
 
   python -m bench all [--quick]            every scenario (A, B, C, D, G, W), then the report
-  python -m bench a|b|c|d|g|w|h|l [--quick]
+  python -m bench a|as|b|c|d|g|w|h|l [--quick]
                                            one scenario (appends to --run, default a new run;
-                                           H, adapter affinity at HAProxy, and L, adapter
-                                           traffic vs base, run only so)
+                                           A includes AS, A's workloads on the shipped
+                                           config.json; H, adapter affinity at HAProxy, and L,
+                                           adapter traffic vs base, run only so)
   python -m bench report [--run NAME]      regenerate bench/README.md and the plots
   python -m bench run --url URL ...        the load generator alone against any server
 
@@ -37,7 +38,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("all", "a", "b", "c", "d", "g", "w", "h", "l"):
+    for name in ("all", "a", "as", "b", "c", "d", "g", "w", "h", "l"):
         scenario = sub.add_parser(name, help=f"run scenario {name}")
         scenario.add_argument("--quick", action="store_true", help="tiny windows, for development")
         scenario.add_argument("--run", default=None, help="run name (default: a timestamp)")

@@ -169,9 +169,9 @@ def a_comparison(results: Results, label: str, scenario: str = "A") -> dict[str,
 QUIET = 0.25  # cores used by other processes during a window, below which it counts as quiet
 
 
-def _quiet_pairs(results: Results, label: str) -> str:
+def _quiet_pairs(results: Results, label: str, scenario: str = "A") -> str:
     """Sensitivity check: the throughput ratio over pairs where nothing else ran."""
-    matched = pairs(results, "A", label, "vllm", "gateway")
+    matched = pairs(results, scenario, label, "vllm", "gateway")
     quiet = [
         (b, g)
         for b, g in matched
@@ -195,30 +195,7 @@ def a_section(results: Results) -> tuple[str, dict[str, Any]]:
     comparisons = {label: a_comparison(results, label) for label in labels}
     parts = ["## A. Gateway vs vLLM's own OpenAI server (same engine)\n"]
     parts.append(_a_setup(results))
-    for label in labels:
-        comp = comparisons[label]
-        window = results.select("A", label=label)[0]["workload"]
-        parts.append(
-            f"### {label}: {window['protocol']}, "
-            f"{'streaming' if window['stream'] else 'non-streaming'}, "
-            f"concurrency {window['concurrency']}, {window['requests']} requests per window, "
-            f"prompt {window['prompt_len']} tokens, {window['max_tokens']} output tokens "
-            f"(ignore_eos), {comp['pairs']} pairs\n"
-        )
-        rows = []
-        for name, data in comp["metrics"].items():
-            rows.append([
-                name,
-                f"{fmt(data['vllm'])} ({fmt_spread(data['vllm_spread'], 1)})",
-                f"{fmt(data['gateway'])} ({fmt_spread(data['gateway_spread'], 1)})",
-                f"**{fmt_ratio(data['ratio'])}**",
-                f"{fmt_ratio(data['pair_ratio_median'])} ({fmt_spread(data['pair_ratio_spread'])})",
-            ])  # fmt: skip
-        parts.append(table(
-            ["metric", "vLLM server: median (min–max)", "gateway: median (min–max)",
-             "ratio gateway/vLLM", "per-pair ratio: median (min–max)"], rows))  # fmt: skip
-        parts.append("")
-        parts.append(_quiet_pairs(results, label) + "\n")
+    parts += [_a_tables(results, label, comparisons[label], "A") for label in labels]
     parts.append(_a_cpu(results, labels))
     parts.append(gc_section(results))
     parts.append(_a_memory(results))
@@ -226,6 +203,66 @@ def a_section(results: Results) -> tuple[str, dict[str, Any]]:
     parts.append(profile_tables(results, "A"))
     _plot_a(comparisons)
     parts.append("![Scenario A ratios](plots/a_ratios.png)\n")
+    return "\n".join(parts), comparisons
+
+
+def _a_tables(results: Results, label: str, comp: dict[str, Any], scenario: str) -> str:
+    """One workload's table of scenario A (or AS), with its sensitivity line."""
+    window = results.select(scenario, label=label)[0]["workload"]
+    head = (
+        f"### {label}: {window['protocol']}, "
+        f"{'streaming' if window['stream'] else 'non-streaming'}, "
+        f"concurrency {window['concurrency']}, {window['requests']} requests per window, "
+        f"prompt {window['prompt_len']} tokens, {window['max_tokens']} output tokens "
+        f"(ignore_eos), {comp['pairs']} pairs\n"
+    )
+    rows = []
+    for name, data in comp["metrics"].items():
+        rows.append([
+            name,
+            f"{fmt(data['vllm'])} ({fmt_spread(data['vllm_spread'], 1)})",
+            f"{fmt(data['gateway'])} ({fmt_spread(data['gateway_spread'], 1)})",
+            f"**{fmt_ratio(data['ratio'])}**",
+            f"{fmt_ratio(data['pair_ratio_median'])} ({fmt_spread(data['pair_ratio_spread'])})",
+        ])  # fmt: skip
+    body = table(
+        ["metric", "vLLM server: median (min–max)", "gateway: median (min–max)",
+         "ratio gateway/vLLM", "per-pair ratio: median (min–max)"], rows)  # fmt: skip
+    return "\n".join([head, body, "", _quiet_pairs(results, label, scenario) + "\n"])
+
+
+def as_section(results: Results) -> tuple[str, dict[str, Any]]:
+    """Scenario A's workloads on the shipped config.json (scenario "AS")."""
+    labels = sorted({w["label"] for w in results.select("AS")}, key=_a_order)
+    comparisons = {label: a_comparison(results, label, "AS") for label in labels}
+    sessions = [s for s in results.sessions if s["scenario"] == "AS"]
+    configs = {s["arm"]: s["engine_config"] for s in sessions if s["engine_config"]}
+    same = len(set(configs.values())) == 1 and len(configs) == 2
+    engine = results.note("engine", scenario="AS")
+    argv = _relative(" ".join(engine[0]["vllm_argv"])) if engine else "?"
+    parts = [
+        "### A on the shipped config.json (scenario AS)\n",
+        "The same workloads against the gateway started as `make serve` starts it: "
+        "`python -m server --config config.json`, the file as shipped (HTTPS with mutual TLS "
+        "and CRL checking on every listener, `maxNumSeqs` 32, `toolCallParser` hermes, its "
+        "limits), only its four ports moved to free ones through the environment "
+        "(`GATEWAY__SERVERCONFIG__PORT`, …). The load generator presents `certs/client.pem` "
+        "and keeps one connection per concurrent request open across requests, as openai's "
+        "client does (httpx's pool keeps up to 100 idle connections), so TLS costs a handshake "
+        "per connection and record encryption per request. vLLM arm: its OpenAI server over "
+        "plain HTTP (as it ships), on the engine flags the config gives the gateway: "
+        f"`{argv}`. "
+        + (
+            "The engine-config line each engine core logged is **identical** on both arms "
+            "(served name aside)."
+            if same
+            else "**The engine-config lines logged by the two arms differ** — see "
+            "sessions.jsonl."
+        )
+        + f" Sessions: {len(sessions)}, the first arm alternating by round.\n",
+    ]
+    parts += [_a_tables(results, label, comparisons[label], "AS") for label in labels]
+    parts.append(_a_cpu(results, labels, "AS"))
     return "\n".join(parts), comparisons
 
 
@@ -1966,13 +2003,15 @@ def _w_larger(wb: dict[str, Any], wa: dict[str, Any], cores: int) -> str:
 # -- the page ---------------------------------------------------------------------------------
 
 
-def targets(a: dict[str, Any], b: dict[str, Any], mem: dict[str, Any]) -> list[list[str]]:
-    def a_metric(label: str, name: str) -> float | None:
-        return ((a.get(label) or {}).get("metrics", {}).get(name) or {}).get("ratio")
+def targets(
+    a: dict[str, Any], b: dict[str, Any], mem: dict[str, Any], shipped: dict[str, Any] | None = None
+) -> list[list[str]]:
+    def a_metric(label: str, name: str, of: dict[str, Any] = a) -> float | None:
+        return ((of.get(label) or {}).get("metrics", {}).get(name) or {}).get("ratio")
 
     rows: list[list[str]] = []
     chat, whole, stream = "chat-stream", "completions", "completions-stream"
-    checks = (
+    checks: tuple[tuple[str, float | None, float, bool], ...] = (
         ("A: streaming chat, request throughput gateway/vLLM",
          a_metric(chat, "requests/s"), 1.1, True),
         ("A: non-streaming completions, request throughput gateway/vLLM",
@@ -1983,6 +2022,13 @@ def targets(a: dict[str, Any], b: dict[str, Any], mem: dict[str, Any]) -> list[l
          a_metric(stream, "TTFT median (ms)"), 1.0, False),
         ("memory: front-end RSS gateway/vLLM API server", mem.get("ratio"), 0.9, False),
     )  # fmt: skip
+    if shipped:
+        checks += (
+            ("A on the shipped config.json: streaming chat, request throughput gateway/vLLM",
+             a_metric(chat, "requests/s", shipped), 1.1, True),
+            ("A on the shipped config.json: non-streaming completions, request throughput "
+             "gateway/vLLM", a_metric(whole, "requests/s", shipped), 1.0, True),
+        )  # fmt: skip
     for name, value, goal, higher in checks:
         rows.append(
             [
@@ -2244,11 +2290,12 @@ def write_report(run: str | None = None) -> Path:
     results = Results(RESULTS / name)
     PLOTS.mkdir(exist_ok=True)
     a_text, a = a_section(results) if results.select("A") else ("", {})
+    shipped_text, shipped = as_section(results) if results.select("AS") else ("", {})
     b_text, b = b_section(results)
     c_text, _ = c_section(results)
     d_text, _ = d_section(results)
     mem = memory(results) if results.select("A") else {}
-    target_rows = targets(a, b, mem)
+    target_rows = targets(a, b, mem, shipped)
     header = _header(results)
     page = "\n".join([
         header,
@@ -2256,7 +2303,7 @@ def write_report(run: str | None = None) -> Path:
         table(["target", "goal", "measured", "verdict"], target_rows),
         "",
         _misses(results, a, b, mem),
-        a_text, b_text, c_text, c_on_demand_text(results), d_text, g_section(results),
+        a_text, shipped_text, b_text, c_text, c_on_demand_text(results), d_text, g_section(results),
         w_section(results), h_section(results), l_section(results), _method(results),
     ])  # fmt: skip
     (BENCH / "README.md").write_text(page)

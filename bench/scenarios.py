@@ -54,8 +54,10 @@ from bench.servers import (
     DEMO,
     EngineSettings,
     Server,
+    shipped_engine,
     start_bare,
     start_gateway,
+    start_shipped_gateway,
     start_vllm,
 )
 from bench.sources import source_windows
@@ -86,6 +88,8 @@ class Plan:
     a_prompt_len: int = 32
     a_max_tokens: int = 16
     a_warmup: int = 32
+    a_shipped_rounds: int = 3  # A on the shipped config.json: rounds of (vLLM, gateway) sessions
+    a_shipped_reps: int = 2
     crosscheck: bool = True
     profile: bool = True
     profile_s: float = 8.0
@@ -142,6 +146,8 @@ QUICK = Plan(
     a_reps=1,
     a_requests=64,
     a_warmup=8,
+    a_shipped_rounds=1,
+    a_shipped_reps=1,
     crosscheck=False,
     profile_s=2.0,
     gc_freeze_check=False,
@@ -278,6 +284,33 @@ def scenario_a(run: Run, plan: Plan) -> None:
     if plan.gc_freeze_check:
         gc_freeze_check(run, engine, plan, prompts)
     run.note("import_floor", rss_mib=import_floor())
+    scenario_a_shipped(run, plan)
+
+
+def scenario_a_shipped(run: Run, plan: Plan) -> None:
+    """A's workloads against the gateway started from the shipped config.json as it is (mutual
+    TLS: the client presents certs/client.pem and keeps its connections, as openai's httpx pool
+    does) and vLLM's server on the same engine flags (plain HTTP, as it ships). Scenario "AS";
+    the first arm alternates by round."""
+    engine = shipped_engine()
+    run.note("engine", scenario="AS", **_engine_note(engine))
+    prompts = prompt_set(plan.a_prompt_len, 128, engine.model)
+    for rnd in range(plan.a_shipped_rounds):
+        for arm in rotated(("vllm", "gateway"), rnd):
+            name = f"AS-{arm}-r{rnd}"
+            print(f"  starting {name} ...", flush=True)
+            server = (
+                start_vllm(name, run.logs, engine)
+                if arm == "vllm"
+                else start_shipped_gateway(name, run.logs)
+            )
+            with session(server, run, "AS", arm, round=rnd):
+                for rep in range(plan.a_shipped_reps):
+                    for label, protocol, stream in rotated(A_WORKLOADS, rnd + rep):
+                        workload = a_workload(plan, protocol, stream, prompts)
+                        steady_window(
+                            run, arm, server, workload, label, scenario="AS", round=rnd, rep=rep
+                        )
 
 
 def gc_freeze_check(run: Run, engine: EngineSettings, plan: Plan, prompts: tuple[str, ...]) -> None:
@@ -1044,7 +1077,7 @@ def scenario_l(run: Run, plan: Plan) -> None:
 
 
 SCENARIOS = {
-    "a": scenario_a, "b": scenario_b, "c": scenario_c, "d": scenario_d, "g": scenario_g,
-    "w": scenario_w, "h": scenario_h, "l": scenario_l,
+    "a": scenario_a, "as": scenario_a_shipped, "b": scenario_b, "c": scenario_c,
+    "d": scenario_d, "g": scenario_g, "w": scenario_w, "h": scenario_h, "l": scenario_l,
 }
 ALL = ("a", "b", "c", "d", "g", "w")  # `python -m bench all`: H runs on request only

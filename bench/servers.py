@@ -87,7 +87,7 @@ class EngineSettings:
     dtype: str = "float32"
     max_model_len: int = 512
     max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int | None = 2048  # None: each launcher's default (the same)
     enforce_eager: bool = True
     seed: int = 0
     enable_lora: bool = True
@@ -117,10 +117,10 @@ class EngineSettings:
         args = [
             "--model", self.model, "--served-model-name", self.served_name,
             "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
-            "--max-num-seqs", str(self.max_num_seqs),
-            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
-            "--seed", str(self.seed),
+            "--max-num-seqs", str(self.max_num_seqs), "--seed", str(self.seed),
         ]  # fmt: skip
+        if self.max_num_batched_tokens is not None:
+            args += ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
         if self.enforce_eager:
             args.append("--enforce-eager")
         if self.enable_lora:
@@ -133,6 +133,7 @@ class EngineSettings:
         return args
 
     def gateway_sections(self) -> dict[str, Any]:
+        batched = self.max_num_batched_tokens
         return {
             "ModelConfig": {
                 "modelName": self.served_name,
@@ -143,7 +144,7 @@ class EngineSettings:
                 "seed": self.seed,
                 "enforceEager": self.enforce_eager,
                 "kvCacheSpaceGiB": self.kv_cache_gib,
-                "engineOptions": {"max_num_batched_tokens": self.max_num_batched_tokens},
+                "engineOptions": {} if batched is None else {"max_num_batched_tokens": batched},
             },
             "LoraConfig": {
                 "enabled": self.enable_lora,
@@ -376,18 +377,82 @@ def start_gateway(
     launcher = ["-m", "bench.gateway_variant", *variant] if variant else ["-m", "server"]
     argv = [PY, *launcher, "--config", str(config_path)]
     process, log_path = _spawn(name, "gateway", argv, env, log_dir, cpus)
-    srv = config["ServerConfig"]
-    server = Server(
+    server = _gateway(name, process, log_path, config["ServerConfig"], tls, tls_all=False)
+    server.extra = {"config": config, "argv": argv}
+    wait_ready(server, "/health", ready_s)
+    return server
+
+
+def _gateway(
+    name: str,
+    process: subprocess.Popen[bytes],
+    log_path: Path,
+    ports: dict[str, Any],
+    tls: bool,
+    *,
+    tls_all: bool,
+) -> Server:
+    """A started gateway's Server; `tls_all`: management and metrics on HTTPS as well."""
+
+    def url(key: str, secure: bool) -> str:
+        return f"{'https' if secure else 'http'}://127.0.0.1:{ports[key]}"
+
+    return Server(
         name=name,
         kind="gateway",
         process=process,
-        url=f"{'https' if tls else 'http'}://127.0.0.1:{srv['port']}",
+        url=url("port", tls),
         log_path=log_path,
-        management_url=f"http://127.0.0.1:{srv['managementPort']}",
-        metrics_url=f"http://127.0.0.1:{srv['metricsPort']}",
+        management_url=url("managementPort", tls and tls_all),
+        metrics_url=url("metricsPort", tls and tls_all),
         tls=tls_client_context() if tls else None,
-        extra={"config": config, "argv": argv},
     )
+
+
+SHIPPED_CONFIG = ROOT / "config.json"
+_SHIPPED_PORTS = ("port", "managementPort", "metricsPort", "grpcPort")
+
+
+def shipped_engine(path: Path = SHIPPED_CONFIG) -> EngineSettings:
+    """The engine flags the shipped config.json gives the gateway, for vLLM's arm: its
+    ModelConfig/LoraConfig where set, the gateway's defaults (seed 0, eager) otherwise, and no
+    max_num_batched_tokens (both launchers then take vLLM's default for an API server)."""
+    config = json.loads(path.read_text())
+    model, lora = config["ModelConfig"], config["LoraConfig"]
+    return EngineSettings(
+        model=str(ROOT / model["modelWeightPath"]),
+        served_name=model["modelName"],
+        dtype=model["dtype"],
+        max_model_len=model["maxModelLen"],
+        max_num_seqs=model["maxNumSeqs"],
+        max_num_batched_tokens=None,
+        kv_cache_gib=model["kvCacheSpaceGiB"],
+        enable_lora=lora["enabled"],
+        max_loras=lora["maxLoras"],
+        max_lora_rank=lora["maxLoraRank"],
+        max_cpu_loras=lora["maxCpuLoras"],
+        adapter_dir=str(ROOT / lora["adapterDir"]),
+    )
+
+
+def start_shipped_gateway(
+    name: str, log_dir: Path, *, env: dict[str, str] | None = None, ready_s: float = 240.0
+) -> Server:
+    """The gateway from the shipped config.json as it is (HTTPS with mutual TLS on every
+    listener, the tool-call parser, its limits), only its four ports moved to free ones through
+    the environment (`GATEWAY__SERVERCONFIG__PORT`, ..., as a container sets them), so that a
+    `make serve` on the fixed ports does not collide. `env`: more `GATEWAY__...` overrides (the
+    bench's one-difference-at-a-time arms)."""
+    ports = {key: free_port() for key in _SHIPPED_PORTS}
+    overrides = {f"GATEWAY__SERVERCONFIG__{key.upper()}": str(v) for key, v in ports.items()}
+    overrides.update(env or {})
+    argv = [PY, "-m", "server", "--config", str(SHIPPED_CONFIG)]
+    engine = shipped_engine()
+    process, log_path = _spawn(name, "gateway", argv, {**engine.env(), **overrides}, log_dir, None)
+    tls = overrides.get("GATEWAY__SERVERCONFIG__HTTPSENABLED", "true").lower() != "false"
+    server = _gateway(name, process, log_path, ports, tls, tls_all=True)
+    config = json.loads(SHIPPED_CONFIG.read_text())
+    server.extra = {"config": config, "argv": argv, "env": overrides}
     wait_ready(server, "/health", ready_s)
     return server
 

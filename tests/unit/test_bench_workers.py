@@ -12,7 +12,7 @@ import pytest
 
 from bench.record import process_role
 from bench.report import Results, busiest_share, scaling_terms, w_section, wb_figures
-from bench.servers import EngineSettings, vllm_command
+from bench.servers import SHIPPED_CONFIG, EngineSettings, shipped_engine, vllm_command
 
 
 def test_one_api_server_is_the_openai_module_and_more_go_through_vllm_serve() -> None:
@@ -26,6 +26,14 @@ def test_one_api_server_is_the_openai_module_and_more_go_through_vllm_serve() ->
     assert one[3:] == two[5:]
     assert "--lora-modules" in two
     assert two[-5:] == ["--host", "127.0.0.1", "--port", "8000", "--disable-uvicorn-access-log"]
+
+
+def test_scenario_as_gives_vllm_the_engine_flags_of_the_shipped_config() -> None:
+    model = json.loads(SHIPPED_CONFIG.read_text())["ModelConfig"]
+    argv = vllm_command(shipped_engine(), 8000)
+    assert argv[argv.index("--max-num-seqs") + 1] == str(model["maxNumSeqs"])
+    assert "--max-num-batched-tokens" not in argv  # unset in config.json: vLLM's default on both
+    assert shipped_engine().gateway_sections()["ModelConfig"]["engineOptions"] == {}
 
 
 def test_the_environment_without_runtime_lora_updates_differs_in_that_variable_only() -> None:
