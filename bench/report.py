@@ -209,8 +209,9 @@ def a_section(results: Results) -> tuple[str, dict[str, Any]]:
 def _a_tables(results: Results, label: str, comp: dict[str, Any], scenario: str) -> str:
     """One workload's table of scenario A (or AS), with its sensitivity line."""
     window = results.select(scenario, label=label)[0]["workload"]
+    client = f" through the {window['client']} client" if window.get("client") else ""
     head = (
-        f"### {label}: {window['protocol']}, "
+        f"### {label}: {window['protocol']}{client}, "
         f"{'streaming' if window['stream'] else 'non-streaming'}, "
         f"concurrency {window['concurrency']}, {window['requests']} requests per window, "
         f"prompt {window['prompt_len']} tokens, {window['max_tokens']} output tokens "
@@ -259,7 +260,10 @@ def as_section(results: Results) -> tuple[str, dict[str, Any]]:
             else "**The engine-config lines logged by the two arms differ** — see "
             "sessions.jsonl."
         )
-        + f" Sessions: {len(sessions)}, the first arm alternating by round.\n",
+        + f" Sessions: {len(sessions)}, the first arm alternating by round. The `-sdk` "
+        "windows send the same requests through openai's own Python client (`AsyncOpenAI` on "
+        "its default httpx pool, bench/sdk.py), which spends several times the front-end's CPU "
+        "per request on this machine's two cores; the targets use the lean client's windows.\n",
     ]
     parts += [_a_tables(results, label, comparisons[label], "AS") for label in labels]
     parts.append(_a_cpu(results, labels, "AS"))
@@ -282,7 +286,8 @@ def _repeats(results: Results) -> str:
 
 
 def _a_order(label: str) -> int:
-    order = ["chat-stream", "completions", "completions-stream"]
+    order = ["chat-stream", "completions", "completions-stream", "chat-stream-sdk",
+             "completions-sdk"]  # fmt: skip
     return order.index(label) if label in order else len(order)
 
 

@@ -50,6 +50,7 @@ from bench.load import Workload
 from bench.prompts import prompt_set
 from bench.protocols import PROTOCOLS, Ask, Protocol
 from bench.record import RESULTS, ProcessTreeProbe, Run
+from bench.sdk import sdk_window
 from bench.servers import (
     DEMO,
     EngineSettings,
@@ -212,6 +213,11 @@ A_WORKLOADS = (
     ("completions-stream", "openai-completions", True),
 )
 
+# AS also through openai's own client (bench/sdk.py): what a real client costs on these 2 cores
+A_SDK_WORKLOADS = (
+    ("chat-stream-sdk", "openai-chat", True),
+    ("completions-sdk", "openai-completions", False),
+)
 
 QUIET_CORES = 0.25  # CPU of other processes during a window above which it is repeated
 TRIES = 3
@@ -291,7 +297,7 @@ def scenario_a_shipped(run: Run, plan: Plan) -> None:
     """A's workloads against the gateway started from the shipped config.json as it is (mutual
     TLS: the client presents certs/client.pem and keeps its connections, as openai's httpx pool
     does) and vLLM's server on the same engine flags (plain HTTP, as it ships). Scenario "AS";
-    the first arm alternates by round."""
+    the first arm alternates by round. Then two of them through openai's own client."""
     engine = shipped_engine()
     run.note("engine", scenario="AS", **_engine_note(engine))
     prompts = prompt_set(plan.a_prompt_len, 128, engine.model)
@@ -311,6 +317,9 @@ def scenario_a_shipped(run: Run, plan: Plan) -> None:
                         steady_window(
                             run, arm, server, workload, label, scenario="AS", round=rnd, rep=rep
                         )
+                    for label, protocol, stream in A_SDK_WORKLOADS:
+                        workload = a_workload(plan, protocol, stream, prompts)
+                        sdk_window(run, "AS", arm, server, workload, label, round=rnd, rep=rep)
 
 
 def gc_freeze_check(run: Run, engine: EngineSettings, plan: Plan, prompts: tuple[str, ...]) -> None:
