@@ -27,6 +27,7 @@ from server import __version__
 from server.control import openapi
 from server.control.grpc_health import health_service
 from server.core.adapter_files import AdapterRules, BaseModelShape, validate_adapter_dir
+from server.core.adapter_prefetch import Prefetcher
 from server.core.adapter_state import SavedAdapter, StateFileError, read_state
 from server.core.adapters import AdapterLimits, AdapterRegistry
 from server.core.admission import Admission, Limits
@@ -131,7 +132,7 @@ def build_gateway(
         ),
     )
     limits = service_limits(settings)
-    admission = Admission(limits)
+    admission = Admission(limits, prefetch=Prefetcher(adapters))
     registry = CollectorRegistry()
     metrics = GatewayMetrics(
         registry,
@@ -375,14 +376,28 @@ def merged_adapter_dir(settings: Settings) -> Path:
 
 
 def service_limits(settings: Settings) -> Limits:
-    limits = settings.limits
+    limits, lora = settings.limits, settings.lora
     return Limits(
         max_concurrent=limits.max_concurrent_requests,
         max_queue=limits.max_queue,
         fair=limits.fair_admission,
         queue_timeout_s=limits.queue_timeout_s,
         request_timeout_s=limits.request_timeout_s,
+        adapter_slots=adapter_slots(settings),
+        cycle_s=lora.adapter_cycle_s,
+        # the next round's adapters, in the cached places the slots leave
+        prefetch=max(0, min(lora.max_loras, (lora.max_cpu_loras or 0) - lora.max_loras)),
     )
+
+
+def adapter_slots(settings: Settings) -> int:
+    """Distinct adapters this process admits at once: the engine's `maxLoras`, each worker its
+    part (rounded up, so with more workers than slots the engine may see one per worker and
+    queue the rest itself); 0 (no limit) without slot admission."""
+    lora = settings.lora
+    if not (lora.enabled and lora.slot_admission):
+        return 0
+    return -(-lora.max_loras // settings.server.workers)
 
 
 def request_bounds(settings: Settings) -> RequestBounds:

@@ -139,6 +139,11 @@ class LoraSettings(_Section):
     # how many stay registered at once (the least recently used idle one goes first)
     merged_adapter_dir: str | None = None
     max_merged_adapters: int = Field(32, ge=1)
+    # adapter-aware admission (server/core/admission.py): at most max_loras distinct adapters
+    # in flight, each keeping its slot for adapter_cycle_s while others wait (LoRAX's
+    # adapter_cycle_time_s), the next ones loaded ahead into the spare cached places
+    slot_admission: bool = True
+    adapter_cycle_s: float = Field(2.0, gt=0, le=3600)
 
     @field_validator("adapter_sources")
     @classmethod
