@@ -1,18 +1,19 @@
-"""Scenario L: adapter traffic against base traffic, on the gateway's admission arms and on
-vLLM's own server, all on the same engine flags (`maxNumSeqs` 32, `maxLoras` 2, `maxCpuLoras`
-4).
+"""Scenario L: adapter traffic against base traffic, on the gateway's admission arms and on vLLM's
+own server, all on the same engine flags (`maxNumSeqs` 32, `maxLoras` 2, `maxCpuLoras` 4).
 
 Windows: the base model, then K = 2, 8, 32 and 128 adapters with distinct weights, each K in two
 mixes: uniform (round robin over the K adapters) and skewed (Zipf: adapter of rank r drawn with
 weight 1 / r^s, s = 1.1, from a fixed seed, so every arm gets the same sequence). Streamed chat,
-fixed output length. Arms: vLLM's server, and the gateway with adapter-aware admission
-(`slots`: `LoraConfig.slotAdmission`, `adapterCycleTime`), today's admission (`fair`:
+fixed output length. Arms: vLLM's server, and the gateway with adapter-aware admission (`slots`:
+`LoraConfig.slotAdmission`, `adapterCycleTime`), today's admission (`fair`:
 `LimitsConfig.fairAdmission`) and one FIFO (`fifo`); they alternate at the server level each
-round (which one starts first rotates). Besides the usual figures, each window records what does
-not depend on the machine's speed: the engine's running count sampled from `/metrics`
-(`vllm:num_requests_running`, the scheduler's own number on both servers) and, on the gateway,
-adapter loads per request (`vllm:lora_adapter_load_seconds_count`; vLLM's server has no such
-counter).
+round (which one starts first rotates); `fair` and `fifo` order only requests queued at
+admission, so they differ only with more requests in flight than the gateway's
+`maxConcurrentRequests` (`--l-concurrency`, `--l-limit`). Besides the usual figures, each window
+records what does not depend on the machine's speed: the engine's running count sampled from
+`/metrics` (`vllm:num_requests_running`, the scheduler's own number on both servers) and, on the
+gateway, adapter loads per request (`vllm:lora_adapter_load_seconds_count`; vLLM's server has no
+such counter).
 """
 
 from __future__ import annotations

@@ -1054,4 +1054,4 @@ SCENARIOS = {
     "a": scenario_a, "b": scenario_b, "c": scenario_c, "d": scenario_d, "g": scenario_g,
     "w": scenario_w, "h": scenario_h, "l": scenario_l,
 }
-ALL = ("a", "b", "c", "d", "g", "w")  # `python -m bench all`: H runs on request only
+ALL = ("a", "b", "c", "d", "g", "w", "l")  # `python -m bench all`: H runs on request only
