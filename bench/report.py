@@ -2271,9 +2271,10 @@ def _plot_l(lines: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
     right.set_yscale("log")
     from matplotlib.ticker import FuncFormatter
 
-    plain = FuncFormatter(lambda value, _: f"{value:g}")
-    right.yaxis.set_major_formatter(plain)
-    right.yaxis.set_minor_formatter(plain)
+    right.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    right.yaxis.set_minor_formatter(  # 20, 50, 200, ...: the others crowd
+        FuncFormatter(lambda value, _: f"{value:g}" if f"{value:g}"[0] in "25" else "")
+    )
     left.legend(fontsize=7)
     _save(fig, "l_adapters.png")
 
