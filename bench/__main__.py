@@ -71,7 +71,7 @@ L_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {  # option: (Plan
     "--l-concurrency": ("l_concurrency", int, "requests in flight"),
     "--l-adapters": ("l_adapters", _counts, "K values, comma-separated (e.g. 2,8,32,128)"),
     "--l-mixes": ("l_mixes", _names, "uniform,zipf"),
-    "--l-arms": ("l_arms", _names, "vllm,slots,fair,fifo (default: those the gateway has)"),
+    "--l-arms": ("l_arms", _names, "vllm,slots,strict,fair,fifo (default: all but fifo)"),
     "--l-zipf-s": ("l_zipf_s", float, "the Zipf exponent"),
     "--l-cycle": ("l_cycle_s", float, "the slots arm's adapterCycleTime, seconds"),
     "--l-limit": ("l_gateway_limit", int, "the gateway arms' maxConcurrentRequests"),

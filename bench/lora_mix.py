@@ -4,9 +4,10 @@ own server, all on the same engine flags (`maxNumSeqs` 32, `maxLoras` 2, `maxCpu
 Windows: the base model, then K = 2, 8, 32 and 128 adapters with distinct weights, each K in two
 mixes: uniform (round robin over the K adapters) and skewed (Zipf: adapter of rank r drawn with
 weight 1 / r^s, s = 1.1, from a fixed seed, so every arm gets the same sequence). Streamed chat,
-fixed output length. Arms: vLLM's server, and the gateway with adapter-aware admission (`slots`:
-`LoraConfig.slotAdmission`, `adapterCycleTime`), today's admission (`fair`:
-`LimitsConfig.fairAdmission`) and one FIFO (`fifo`); they alternate at the server level each
+fixed output length. Arms: vLLM's server, and the gateway with adapter slots (`slots`: the
+default `LoraConfig.maxActiveAdapters`, the engine's 4 cached places; `strict`: 2, its
+`maxLoras`), without them (`fair`: `maxActiveAdapters` 0, as before issue 24) and one FIFO
+without them (`fifo`, on request); they alternate at the server level each
 round (which one starts first rotates); `fair` and `fifo` order only requests queued at
 admission, so they differ only with more requests in flight than the gateway's
 `maxConcurrentRequests` (`--l-concurrency`, `--l-limit`). Besides the usual figures, each window
@@ -46,55 +47,38 @@ MIXES = ("uniform", "zipf")
 ZIPF_S = 1.1  # the skew: rank 1 of 8 takes 0.37 of the requests, of 32 0.26, of 128 0.21
 ZIPF_SEED = 24
 
-SLOT_KEY = "LoraConfig.slotAdmission"  # issue 24 item 2's setting, with adapterCycleTime
-
-
 @dataclass(frozen=True, slots=True)
 class GatewayArm:
     """One gateway arm: its admission settings over the bench's config."""
 
-    slot_admission: bool
+    max_active: int | None  # LoraConfig.maxActiveAdapters; None: the default (maxCpuLoras)
     fair_admission: bool
 
-    def overrides(self, *, slots_known: bool, cycle_s: float,
-                  limit: int | None) -> dict[str, Any]:
-        """The config override. `slots_known`: the gateway has `LoraConfig.slotAdmission`
-        (without it, `slotAdmission: false` is left out: there is nothing to switch off)."""
+    def overrides(self, *, cycle_s: float, limit: int | None) -> dict[str, Any]:
         limits: dict[str, Any] = {"fairAdmission": self.fair_admission}
         if limit is not None:
             limits["maxConcurrentRequests"] = limit
-        out: dict[str, Any] = {"LimitsConfig": limits}
-        if self.slot_admission:
-            if not slots_known:
-                raise ValueError(f"this gateway has no {SLOT_KEY}: run the arms "
-                                 "vllm,fair,fifo (--l-arms) until adapter-aware admission lands")
-            out["LoraConfig"] = {"slotAdmission": True, "adapterCycleTime": cycle_s}
-        elif slots_known:
-            out["LoraConfig"] = {"slotAdmission": False}
-        return out
+        lora: dict[str, Any] = {"adapterCycleTime": cycle_s}
+        if self.max_active is not None:
+            lora["maxActiveAdapters"] = self.max_active
+        return {"LimitsConfig": limits, "LoraConfig": lora}
 
 
 GATEWAY_ARMS = {
-    "slots": GatewayArm(slot_admission=True, fair_admission=True),  # issue 24 item 2
-    "fair": GatewayArm(slot_admission=False, fair_admission=True),  # today's default
-    "fifo": GatewayArm(slot_admission=False, fair_admission=False),
+    "slots": GatewayArm(max_active=None, fair_admission=True),  # the default: maxCpuLoras (4)
+    "strict": GatewayArm(max_active=2, fair_admission=True),  # maxLoras: the next ones prefetched
+    "fair": GatewayArm(max_active=0, fair_admission=True),  # no adapter slots (before issue 24)
+    "fifo": GatewayArm(max_active=0, fair_admission=False),
 }
 ARMS = ("vllm", *GATEWAY_ARMS)
+# fifo orders only requests queued at admission, which at the default concurrency is none
+DEFAULT_ARMS = ("vllm", "slots", "strict", "fair")
 
 
-def gateway_knows(key: str) -> bool:
-    """Whether the gateway's config file has `key` (`Section.name`; the loader maps every
-    config name it accepts, and refuses any other)."""
-    from server.settings.loader import ALIASES
-
-    return key in ALIASES
-
-
-def choose_arms(requested: Sequence[str] | None, slots_known: bool) -> tuple[str, ...]:
-    """The arms to run: `requested` as given (unknown names refused), or by default every arm
-    this gateway can run (`slots` only once it has the setting)."""
+def choose_arms(requested: Sequence[str] | None) -> tuple[str, ...]:
+    """The arms to run: `requested` as given (unknown names refused), else `DEFAULT_ARMS`."""
     if requested is None:
-        return tuple(arm for arm in ARMS if arm != "slots" or slots_known)
+        return DEFAULT_ARMS
     unknown = [arm for arm in requested if arm not in ARMS]
     if unknown or not requested:
         raise ValueError(f"unknown arms {unknown or requested}: choose from {', '.join(ARMS)}")
@@ -243,9 +227,8 @@ def run_l(run: Run, plan: Plan) -> list[dict[str, Any]]:
     folder = RESULTS / "adapters-l"
     names = distinct_adapters(max(plan.l_adapters), DEMO / "adapters" / "a1", folder)
     engine = EngineSettings(max_num_seqs=32, max_loras=2, max_cpu_loras=4, adapter_dir=str(folder))
-    slots_known = gateway_knows(SLOT_KEY)
-    arms = choose_arms(plan.l_arms, slots_known)
-    overrides = {arm: GATEWAY_ARMS[arm].overrides(slots_known=slots_known, cycle_s=plan.l_cycle_s,
+    arms = choose_arms(plan.l_arms)
+    overrides = {arm: GATEWAY_ARMS[arm].overrides(cycle_s=plan.l_cycle_s,
                                                   limit=plan.l_gateway_limit)
                  for arm in arms if arm in GATEWAY_ARMS}
     run.note("engine", scenario="L", **engine.describe(), arms=list(arms),

@@ -138,7 +138,7 @@ class Plan:
     l_max_tokens: int = 16
     l_adapters: tuple[int, ...] = (2, 8, 32, 128)  # besides the base model
     l_mixes: tuple[str, ...] = ("uniform", "zipf")
-    l_arms: tuple[str, ...] | None = None  # None: vllm, slots (once the gateway has it), fair, fifo
+    l_arms: tuple[str, ...] | None = None  # None: lora_mix.DEFAULT_ARMS (vllm, slots, strict, fair)
     l_zipf_s: float = 1.1
     l_cycle_s: float = 2.0  # the slots arm's LoraConfig.adapterCycleTime
     l_gateway_limit: int | None = None  # the gateway arms' maxConcurrentRequests (None: 512)

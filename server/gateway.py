@@ -377,27 +377,29 @@ def merged_adapter_dir(settings: Settings) -> Path:
 
 def service_limits(settings: Settings) -> Limits:
     limits, lora = settings.limits, settings.lora
+    active, cached = active_adapters(settings)
     return Limits(
         max_concurrent=limits.max_concurrent_requests,
         max_queue=limits.max_queue,
         fair=limits.fair_admission,
         queue_timeout_s=limits.queue_timeout_s,
         request_timeout_s=limits.request_timeout_s,
-        adapter_slots=adapter_slots(settings),
+        adapter_slots=-(-active // settings.server.workers),
         cycle_s=lora.adapter_cycle_s,
-        # the next round's adapters, in the cached places the slots leave
-        prefetch=max(0, min(lora.max_loras, (lora.max_cpu_loras or 0) - lora.max_loras)),
+        # the next adapters in line, in the cached places the active ones leave
+        prefetch=max(0, min(active, cached - active)) if active else 0,
     )
 
 
-def adapter_slots(settings: Settings) -> int:
-    """Distinct adapters this process admits at once: the engine's `maxLoras`, each worker its
-    part (rounded up, so with more workers than slots the engine may see one per worker and
-    queue the rest itself); 0 (no limit) without slot admission."""
+def active_adapters(settings: Settings) -> tuple[int, int]:
+    """Distinct adapters admitted at once (`maxActiveAdapters`, by default `maxCpuLoras`; 0: no
+    limit) and the engine's cached places. With workers each admits its part, rounded up (with
+    more workers than places the engine may hold one per worker and queue the rest itself)."""
     lora = settings.lora
-    if not (lora.enabled and lora.slot_admission):
-        return 0
-    return -(-lora.max_loras // settings.server.workers)
+    cached = lora.max_cpu_loras or lora.max_loras
+    if not lora.enabled:
+        return 0, cached
+    return (cached if lora.max_active_adapters is None else lora.max_active_adapters), cached
 
 
 def request_bounds(settings: Settings) -> RequestBounds:

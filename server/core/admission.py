@@ -16,19 +16,26 @@ adapter's whole backlog. Without `fair` the oldest head of all queues goes first
 Either way a head that does not fit the free slots (a batch) waits and nothing overtakes
 it, and with a single key both are the same FIFO.
 
-Adapter slots (`Limits.adapter_slots`, the engine's `maxLoras`; 0 = off). vLLM runs at most
-`max_loras` distinct adapters per step; a request of a third adapter sits in the engine's queue
-while the running batch holds only the two adapters' requests, so with many adapters in flight
-the engine runs a handful of requests per step (the batch a base-model load gets is the number
-of requests in flight). Here an adapter key takes an adapter slot with its first grant and
+Adapter slots (`Limits.adapter_slots`, `LoraConfig.maxActiveAdapters`; 0 = off): at most that
+many distinct adapters in flight. An adapter key takes an adapter slot with its first grant and
 keeps it while it has requests running or waiting; requests of an adapter without a slot wait
-in the gateway's queue, where the next adapters are loaded ahead of their turn (`prefetch`,
-into the engine's spare cached places), so that a slot changes hands without a load in the
-engine's path. The base model needs no slot. An adapter that held its slot for `cycle_s` while
-another adapter waits for one gets no new grants: its running requests finish, then the slot
-goes to the next waiting adapter in turn. So an adapter's request waits for at most
-`ceil(adapters ahead / slots)` cycles (each a cycle plus the drain of the running requests),
-however hot the others are. With no more adapters than slots nothing changes.
+in the gateway's queue, and the next adapters in turn are loaded ahead (`prefetch`) into the
+engine's cached places the active ones leave. The base model needs no slot. An adapter that
+held its slot for `cycle_s` while another adapter waits for one gets no new grants: its
+running requests finish, then the slot goes to the next waiting adapter in turn. So an
+adapter's request waits for at most `ceil(adapters ahead / slots)` cycles (each a cycle plus
+the drain of the running requests), however hot the others are, and the engine never holds
+more adapters than it has cached places (which would leave requests waiting in the registry
+for a place, in no order). With no more adapters than slots nothing changes.
+
+Why the default is the engine's cached places (`maxCpuLoras`), not its `maxLoras`: vLLM runs
+at most `max_loras` distinct adapters per step and leaves the others' requests in its own
+queue, with their weights already loaded; when a running adapter's requests end, the engine
+schedules a queued adapter's in its next step. With only `max_loras` adapters in flight, the
+next adapter's requests reach the engine only after the gateway saw the last ones end, and
+the engine ran short of requests meanwhile: on the demo model at 32 adapters over 2 slots
+(bench L) that ran at 0.59 of the rate without slots, while 4 in flight matched that rate with
+a third of its TTFT p99 (bench/ANALYSIS.md). `maxLoras` stays available as the strict setting.
 
 The per-adapter queues follow LoRAX's router (predibase/lorax, router/src/queue.rs as of
 65d8529a, `AdapterQueuesState`): one FIFO per adapter, an adapter enters the rotation with its

@@ -310,8 +310,8 @@ class GatewayMetrics:
         )
         self.adapter_rotations = Counter(
             "gateway_adapter_rotations",
-            "Times the adapter waited for one of the engine's adapter slots (maxLoras, "
-            "LoraConfig.slotAdmission) and took it.",
+            "Times the adapter waited for one of the adapter slots (LoraConfig."
+            "maxActiveAdapters) and took it.",
             ("adapter",),
             shared=shared,
         )

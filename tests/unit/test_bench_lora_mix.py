@@ -15,11 +15,9 @@ from safetensors.numpy import load_file, save_file
 from bench.__main__ import _parse, _plan_with_l
 from bench.lora_mix import (
     GATEWAY_ARMS,
-    SLOT_KEY,
     choose_arms,
     curves,
     distinct_adapters,
-    gateway_knows,
     label_parts,
     medians,
     metric_total,
@@ -143,33 +141,33 @@ def test_labels_give_k_and_mix_for_this_runs_and_older_ones() -> None:
     assert label_parts("32-adapters") == (32, "uniform")  # runs before the mixes
 
 
-def test_default_arms_take_slots_only_from_a_gateway_that_has_the_setting() -> None:
-    assert choose_arms(None, slots_known=False) == ("vllm", "fair", "fifo")
-    assert choose_arms(None, slots_known=True) == ("vllm", "slots", "fair", "fifo")
-    assert choose_arms(("fair", "vllm"), slots_known=False) == ("fair", "vllm")
+def test_default_arms_leave_out_fifo_and_unknown_arms_are_refused() -> None:
+    assert choose_arms(None) == ("vllm", "slots", "strict", "fair")
+    assert choose_arms(("fair", "vllm")) == ("fair", "vllm")
     with pytest.raises(ValueError, match="unknown arms"):
-        choose_arms(("vllm", "lru"), slots_known=True)
+        choose_arms(("vllm", "lru"))
 
 
-def test_arm_overrides_switch_admission_and_leave_out_what_the_gateway_lacks() -> None:
-    def of(arm: str, known: bool, limit: int | None = None) -> dict[str, object]:
-        return GATEWAY_ARMS[arm].overrides(slots_known=known, cycle_s=1.5, limit=limit)
+def test_arm_overrides_set_the_active_adapters_and_the_queue_order() -> None:
+    def of(arm: str, limit: int | None = None) -> dict[str, object]:
+        return GATEWAY_ARMS[arm].overrides(cycle_s=1.5, limit=limit)
 
-    assert of("slots", True) == {"LimitsConfig": {"fairAdmission": True},
-                                 "LoraConfig": {"slotAdmission": True, "adapterCycleTime": 1.5}}
-    assert of("fair", True) == {"LimitsConfig": {"fairAdmission": True},
-                                "LoraConfig": {"slotAdmission": False}}
-    assert of("fifo", False) == {"LimitsConfig": {"fairAdmission": False}}
-    assert of("fair", False, 32) == {"LimitsConfig": {"fairAdmission": True,
-                                                      "maxConcurrentRequests": 32}}
-    with pytest.raises(ValueError, match="slotAdmission"):
-        of("slots", False)
+    assert of("slots") == {"LimitsConfig": {"fairAdmission": True},
+                           "LoraConfig": {"adapterCycleTime": 1.5}}
+    assert of("strict") == {"LimitsConfig": {"fairAdmission": True},
+                            "LoraConfig": {"adapterCycleTime": 1.5, "maxActiveAdapters": 2}}
+    assert of("fifo") == {"LimitsConfig": {"fairAdmission": False},
+                          "LoraConfig": {"adapterCycleTime": 1.5, "maxActiveAdapters": 0}}
+    assert of("fair", 32) == {"LimitsConfig": {"fairAdmission": True, "maxConcurrentRequests": 32},
+                              "LoraConfig": {"adapterCycleTime": 1.5, "maxActiveAdapters": 0}}
 
 
-def test_the_gateway_is_asked_by_its_config_names() -> None:
-    assert gateway_knows("LimitsConfig.fairAdmission")
-    assert not gateway_knows("LimitsConfig.noSuchKey")
-    assert SLOT_KEY == "LoraConfig.slotAdmission"
+def test_the_gateway_knows_every_key_the_arms_set() -> None:
+    from server.settings.loader import ALIASES
+
+    for arm in GATEWAY_ARMS.values():
+        for section, keys in arm.overrides(cycle_s=1.0, limit=8).items():
+            assert all(f"{section}.{key}" in ALIASES for key in keys)
 
 
 def test_l_options_change_the_plan_and_all_runs_one_round_unless_told() -> None:
