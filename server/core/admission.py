@@ -22,9 +22,12 @@ keeps it while it has requests running or waiting; requests of an adapter withou
 in the gateway's queue, and the next adapters in turn are loaded ahead (`prefetch`) into the
 engine's cached places the active ones leave. The base model needs no slot. An adapter that
 held its slot for `cycle_s` while another adapter waits for one gets no new grants: its
-running requests finish, then the slot goes to the next waiting adapter in turn. So an
-adapter's request waits for at most `ceil(adapters ahead / slots)` cycles (each a cycle plus
-the drain of the running requests), however hot the others are, and the engine never holds
+running requests finish, then the slot goes to a waiting adapter: one whose oldest request
+waited a cycle, the oldest first, else the one with the most requests waiting (one load serves
+them all and they run together in the engine's batch; LoRAX takes its pending adapters in
+arrival order). So an adapter's request waits for at most a cycle and then
+`ceil(overdue adapters ahead / slots)` more (each a cycle plus the drain of the running
+requests), however hot the others are, and the engine never holds
 more adapters than it has cached places (which would leave requests waiting in the registry
 for a place, in no order). With no more adapters than slots nothing changes.
 
@@ -234,15 +237,24 @@ class Admission:
             k != BASE and k not in self._slots for k in self._queues
         )
 
-    def _waiting_adapters(self) -> list[str]:
-        """Adapter keys with waiters and no slot, in turn order."""
-        return [k for k in self._queues if k != BASE and k not in self._slots]
+    def _waiting_adapters(self, now: float) -> list[str]:
+        """Adapter keys with waiters and no slot, in the order they take a free slot: those
+        whose oldest request waited a cycle, oldest first; then the most requests waiting first
+        (one load serves them all, one slot runs them together), in turn order among equals."""
+        waiting = [k for k in self._queues if k != BASE and k not in self._slots]
+        overdue = sorted(
+            (k for k in waiting if now - self._queues[k][0].since >= self._limits.cycle_s),
+            key=lambda k: self._queues[k][0].since,
+        )
+        due = set(overdue)
+        rest = sorted((k for k in waiting if k not in due), key=lambda k: -len(self._queues[k]))
+        return overdue + rest
 
     def _prefetch_next(self) -> None:
         """Ask for the next waiting adapters to be loaded ahead of their turn (once each)."""
         if self._prefetch is None:
             return
-        for key in self._waiting_adapters()[: self._limits.prefetch]:
+        for key in self._waiting_adapters(self._clock())[: self._limits.prefetch]:
             if key not in self._prefetched:
                 self._prefetched.add(key)
                 task = asyncio.get_running_loop().create_task(self._load_ahead(self._prefetch, key))
@@ -262,9 +274,10 @@ class Admission:
         keys = [k for k in self._queues if self._may_start(k, now)]
         if not keys:
             return None
-        if self._limits.fair:
-            return keys[0]
-        return min(keys, key=lambda k: self._queues[k][0].order)
+        key = keys[0] if self._limits.fair else min(keys, key=lambda k: self._queues[k][0].order)
+        if key != BASE and self._limits.adapter_slots and key not in self._slots:
+            return self._waiting_adapters(now)[0]  # a free slot: which adapter takes it
+        return key
 
     def _fits(self, count: int) -> bool:
         return self.running + count <= self._limits.max_concurrent or self.running == 0

@@ -304,3 +304,22 @@ async def test_a_cancelled_waiter_gives_back_the_adapter_slot_it_was_holding_out
     assert admission.active_adapters() == []
     await asyncio.wait_for(admission.acquire(1, "c"), 1)
     assert admission.active_adapters() == ["c"]
+
+
+async def test_a_free_slot_goes_to_an_adapter_that_waited_a_cycle_else_to_the_most_waiting(
+) -> None:
+    admission, clock = slotted(slots=1, cycle_s=1.0)
+    await admission.acquire(1, "a")
+    first = [await started(admission, "b")]
+    clock.now = 0.5
+    crowd = [await started(admission, "c") for _ in range(3)]
+    admission.release(1, "a")  # nobody waited a cycle: "c" has the most waiting
+    await asyncio.wait_for(asyncio.gather(*crowd), 1)
+    assert admission.active_adapters() == ["c"] and not first[0].done()
+    clock.now = 1.2
+    later = [await started(admission, "d") for _ in range(3)]
+    admission.release(3, "c")  # "b" waited 1.2 s, past the cycle: it goes before the crowd
+    await asyncio.wait_for(first[0], 1)
+    assert admission.active_adapters() == ["b"] and not any(t.done() for t in later)
+    admission.release(1, "b")
+    await asyncio.wait_for(asyncio.gather(*later), 1)
