@@ -241,12 +241,17 @@ def as_section(results: Results) -> tuple[str, dict[str, Any]]:
     same = len(set(configs.values())) == 1 and len(configs) == 2
     engine = results.note("engine", scenario="AS")
     argv = _relative(" ".join(engine[0]["vllm_argv"])) if engine else "?"
+    shipped: Row = next(
+        (s["config"] for s in sessions if s["arm"] == "gateway" and s["config"]), {}
+    )
+    model = shipped.get("ModelConfig", {})
     parts = [
         "### A on the shipped config.json (scenario AS)\n",
         "The same workloads against the gateway started as `make serve` starts it: "
         "`python -m server --config config.json`, the file as shipped (HTTPS with mutual TLS "
-        "and CRL checking on every listener, `maxNumSeqs` 32, `toolCallParser` hermes, its "
-        "limits), only its four ports moved to free ones through the environment "
+        f"and CRL checking on every listener, `maxNumSeqs` {model.get('maxNumSeqs')}, "
+        f"`toolCallParser` {model.get('toolCallParser')}, its limits), only its four ports "
+        "moved to free ones through the environment "
         "(`GATEWAY__SERVERCONFIG__PORT`, …). The load generator presents `certs/client.pem` "
         "and keeps one connection per concurrent request open across requests, as openai's "
         "client does (httpx's pool keeps up to 100 idle connections), so TLS costs a handshake "
