@@ -2367,7 +2367,7 @@ def write_report(run: str | None = None) -> Path:
         w_section(results), h_section(results), l_section(results), _method(results),
     ])  # fmt: skip
     (BENCH / "README.md").write_text(page)
-    (BENCH / "SUMMARY.md").write_text(_summary(results, a, b, mem))
+    (BENCH / "SUMMARY.md").write_text(_summary(results, a, b, mem, shipped))
     print(f"report: {BENCH / 'README.md'} (run {name})")
     return BENCH / "README.md"
 
@@ -2452,9 +2452,15 @@ def _method(results: Results) -> str:
     ])  # fmt: skip
 
 
-def _summary(results: Results, a: dict[str, Any], b: dict[str, Any], mem: dict[str, Any]) -> str:
-    def a_ratio(label: str, name: str) -> str:
-        return fmt_ratio(((a.get(label) or {}).get("metrics", {}).get(name) or {}).get("ratio"))
+def _summary(
+    results: Results,
+    a: dict[str, Any],
+    b: dict[str, Any],
+    mem: dict[str, Any],
+    shipped: dict[str, Any] | None = None,
+) -> str:
+    def a_ratio(label: str, name: str, of: dict[str, Any] = a) -> str:
+        return fmt_ratio(((of.get(label) or {}).get("metrics", {}).get(name) or {}).get("ratio"))
 
     b_whole = b.get("whole") or {}
     b_stream = b.get("stream") or {}
@@ -2476,7 +2482,14 @@ def _summary(results: Results, a: dict[str, Any], b: dict[str, Any], mem: dict[s
         f"{a_ratio(chat, 'TTFT median (ms)')}, TPOT {a_ratio(chat, 'TPOT median (ms)')}; "
         f"non-streaming completions request throughput {a_ratio('completions', 'requests/s')}; "
         f"streaming completions {a_ratio(stream, 'requests/s')} "
-        f"(TTFT {a_ratio(stream, 'TTFT median (ms)')}).",
+        f"(TTFT {a_ratio(stream, 'TTFT median (ms)')})."
+        + (
+            " With the shipped `config.json` as it is (mutual TLS, scenario AS): streaming chat "
+            f"{a_ratio(chat, 'requests/s', shipped)}, non-streaming completions "
+            f"{a_ratio('completions', 'requests/s', shipped)}."
+            if shipped
+            else ""
+        ),
         f"- **Front-end memory**: {fmt(mem.get('gateway', {}).get('rss'), 0)} MiB resident vs "
         f"{fmt(mem.get('vllm', {}).get('rss'), 0)} MiB for vLLM's API server process "
         f"(ratio {fmt_ratio(mem.get('ratio'))}); engine processes excluded.",
