@@ -70,7 +70,8 @@ test-workers: install demo certs
 	GATEWAY_TEST_WORKERS=2 $(PY) -m pytest -q tests/conformance
 
 # Gateway vs vLLM's own server, protocol ceiling (Python client and wrk), multi-LoRA, scaling,
-# batch first byte: bench/README.md (~20 min).
+# batch first byte, front-end workers, adapter traffic vs base on the admission arms (L, one
+# round; `python -m bench l` alone runs three, ~12 min): bench/README.md (~27 min).
 bench: install demo certs
 	$(PY) -m bench all
 

@@ -1,10 +1,12 @@
 """`python -m bench …`: the load generator and the benchmark scenarios.
 
-  python -m bench all [--quick]            every scenario (A, B, C, D, G, W), then the report
+  python -m bench all [--quick]            every scenario (A, B, C, D, G, W, L), then the report
   python -m bench a|b|c|d|g|w|h|l [--quick]
                                            one scenario (appends to --run, default a new run;
-                                           H, adapter affinity at HAProxy, and L, adapter
-                                           traffic vs base, run only so)
+                                           H, adapter affinity at HAProxy, runs only so)
+  python -m bench l --l-adapters 2,32 --l-mixes uniform --l-arms vllm,fair,fifo --l-rounds 1
+                                           a short L (any --l-* option; `all` runs L with
+                                           one round unless --l-rounds says otherwise)
   python -m bench report [--run NAME]      regenerate bench/README.md and the plots
   python -m bench run --url URL ...        the load generator alone against any server
 
@@ -18,8 +20,9 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvloop
 
@@ -28,6 +31,9 @@ from bench.load import Workload, run_window
 from bench.protocols import PROTOCOLS
 from bench.record import RESULTS, Run, git_commit, machine
 from bench.stats import summarize
+
+if TYPE_CHECKING:
+    from bench.scenarios import Plan
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -42,11 +48,48 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         scenario.add_argument("--quick", action="store_true", help="tiny windows, for development")
         scenario.add_argument("--run", default=None, help="run name (default: a timestamp)")
         scenario.add_argument("--no-report", action="store_true")
+        if name in ("all", "l"):
+            _l_args(scenario)
     report = sub.add_parser("report", help="tables and plots from a run")
     report.add_argument("--run", default=None, help="run name (default: the latest full run)")
     load = sub.add_parser("run", help="the load generator alone")
     _load_args(load)
     return parser.parse_args(argv)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in _names(text))
+
+
+L_OPTIONS: dict[str, tuple[str, Callable[[str], Any], str]] = {  # option: (Plan field, type, help)
+    "--l-rounds": ("l_rounds", int, "rounds of sessions of every arm"),
+    "--l-requests": ("l_requests", int, "requests per window"),
+    "--l-concurrency": ("l_concurrency", int, "requests in flight"),
+    "--l-adapters": ("l_adapters", _counts, "K values, comma-separated (e.g. 2,8,32,128)"),
+    "--l-mixes": ("l_mixes", _names, "uniform,zipf"),
+    "--l-arms": ("l_arms", _names, "vllm,slots,strict,fair,fifo (default: all but fifo)"),
+    "--l-zipf-s": ("l_zipf_s", float, "the Zipf exponent"),
+    "--l-cycle": ("l_cycle_s", float, "the slots arm's adapterCycleTime, seconds"),
+    "--l-limit": ("l_gateway_limit", int, "the gateway arms' maxConcurrentRequests"),
+}
+
+
+def _l_args(parser: argparse.ArgumentParser) -> None:
+    for option, (field, kind, text) in L_OPTIONS.items():
+        parser.add_argument(option, dest=field, type=kind, default=None, help=f"L: {text}")
+
+
+def _plan_with_l(plan: Plan, args: argparse.Namespace) -> Plan:
+    """The plan with the --l-* options given; `all` runs L's rounds for `all` unless told."""
+    given = {field: getattr(args, field, None) for field, _, _ in L_OPTIONS.values()}
+    changes = {field: value for field, value in given.items() if value is not None}
+    if args.command == "all" and "l_rounds" not in changes:
+        changes["l_rounds"] = plan.l_rounds_in_all
+    return dataclasses.replace(plan, **changes)
 
 
 def _load_args(parser: argparse.ArgumentParser) -> None:
@@ -120,7 +163,7 @@ def scenario_command(args: argparse.Namespace) -> int:
     from bench.report import write_report
     from bench.scenarios import ALL, QUICK, SCENARIOS, Plan
 
-    plan = QUICK if args.quick else Plan()
+    plan = _plan_with_l(QUICK if args.quick else Plan(), args)
     names = list(ALL) if args.command == "all" else [args.command]
     run = Run(args.run, settings={"plan": dataclasses.asdict(plan), "quick": args.quick})
     print(f"run {run.name} -> {run.dir}", flush=True)

@@ -2194,8 +2194,9 @@ def h_section(results: Results) -> str:
 
 
 def l_section(results: Results) -> str:
-    """L: adapter traffic vs base traffic on both servers (bench/lora_mix.py)."""
-    from bench.lora_mix import medians, window_row
+    """L: adapter traffic vs base traffic, the gateway's admission arms and vLLM's server
+    (bench/lora_mix.py), with its plot."""
+    from bench.lora_mix import curves, label_parts, medians, window_row
 
     windows = results.select("L")
     if not windows:
@@ -2210,23 +2211,72 @@ def l_section(results: Results) -> str:
          fmt(m["running_max"], 0), fmt(m["loads_per_request"], 2)]
         for m in medians(rows)
     ]
+    _plot_l(curves(rows))
+    arms = engine.get("gateway_overrides") or {"gateway": {}}
+    zipf = (
+        " and `zipf` (the adapter of rank r drawn with weight 1 / r^s, s = "
+        f"{engine.get('zipf_s')}, from a fixed seed: the same sequence on every arm)"
+        if any(label_parts(w["label"])[1] == "zipf" for w in windows) else ""
+    )
     parts = [
-        "## L. Adapter traffic vs base traffic: the gateway and vLLM's server\n",
-        f"The real engine on both servers with the same flags (`maxNumSeqs` "
+        "## L. Adapter traffic vs base traffic: the gateway's admission and vLLM's server\n",
+        f"The real engine on every arm with the same flags (`maxNumSeqs` "
         f"{engine.get('max_num_seqs')}, `maxLoras` {engine.get('max_loras')}, `maxCpuLoras` "
-        f"{engine.get('max_cpu_loras')}); the base model, then K adapters with distinct weights "
-        f"requested round robin; {work['concurrency']} concurrent streamed chat requests of "
-        f"{work['max_tokens']} tokens, {work['requests']} per window; the arms alternate per "
-        "round (`python -m bench l`). Medians over the rounds; `of base` is the mix's rate over "
-        "its own arm's base rate. Engine running: `vllm:num_requests_running` sampled every "
-        "50 ms over the timed part (the scheduler's number on both servers); adapter loads are "
-        f"the gateway's (vLLM's server counts none). Load average at the start "
-        f"{_loadavg(results)}.\n",
+        f"{engine.get('max_cpu_loras')}); the base model, then K adapters with distinct weights, "
+        f"mixes `uniform` (round robin over the K){zipf}; {work['concurrency']} concurrent "
+        "streamed chat "
+        f"requests of {work['max_tokens']} tokens, {work['requests']} per window; the arms "
+        "alternate per round, the first one rotating (`python -m bench l`). Gateway arms, over "
+        "the bench's config: "
+        + "; ".join(f"`{arm}` {json.dumps(value)}" for arm, value in arms.items())
+        + " (`fair` and `fifo` differ only when requests queue at admission: more in flight "
+        "than `maxConcurrentRequests`). Medians over the rounds; `of base` is the mix's rate "
+        "over its own arm's base rate. "
+        "Engine running: `vllm:num_requests_running` sampled every 50 ms over the timed part "
+        "(the scheduler's number on every arm); adapter loads are the gateway's (vLLM's server "
+        f"counts none). Load average at the start {_loadavg(results)}.\n",
         table(["arm", "mix", "rounds", "req/s", "of base", "TTFT p50 ms", "TTFT p99 ms",
                "engine running, mean", "max", "adapter loads per request"], body),
         "",
+        "![Scenario L](plots/l_adapters.png)\n",
     ]
     return "\n".join(parts)
+
+
+def _plot_l(lines: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
+    """Requests/s as a share of each arm's base rate, and TTFT p99, against K (K 0: the base
+    model); a colour per arm, solid uniform, dashed Zipf."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    counts = sorted({point["k"] for line in lines.values() for point in line})
+    where = {k: i for i, k in enumerate(counts)}
+    colours: dict[str, str] = {}
+    for (arm, kind), line in lines.items():
+        colour = colours.setdefault(arm, f"C{len(colours)}")
+        style = "-" if kind == "uniform" else "--"
+        xs = [where[point["k"]] for point in line]
+        label = f"{arm}, {kind}"
+        left.plot(xs, [point["of_base"] or 0 for point in line], "o" + style, color=colour,
+                  label=label)
+        right.plot(xs, [point["ttft_p99_ms"] or 0 for point in line], "s" + style, color=colour,
+                   label=label)
+    names = ["base" if k == 0 else str(k) for k in counts]
+    for ax, title, unit in ((left, "L: requests/s of the arm's base rate", "share of base"),
+                            (right, "L: TTFT p99", "ms")):
+        ax.set_xticks(range(len(counts)), names)
+        ax.set_xlabel("distinct adapters (maxLoras 2)")
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+    left.set_ylim(bottom=0)
+    right.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter
+
+    right.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    right.yaxis.set_minor_formatter(  # 20, 50, 200, ...: the others crowd
+        FuncFormatter(lambda value, _: f"{value:g}" if f"{value:g}"[0] in "25" else "")
+    )
+    left.legend(fontsize=7)
+    _save(fig, "l_adapters.png")
 
 
 def _loadavg(results: Results) -> str:
@@ -2286,9 +2336,10 @@ def _header(results: Results) -> str:
         "What the gateway costs over the engine: latency, throughput and memory next to vLLM's own "
         "OpenAI server on the same engine (A), the protocol layer's ceiling next to a bare "
         "Starlette + uvicorn endpoint (B), multi-LoRA (C), scaling (D), Triton over gRPC (G) and "
-        "front-end worker processes (W); adapter affinity at a real HAProxy (H) runs on request "
-        "(`python -m bench h --run RUN` adds it to a run). Regenerate everything "
-        "with `make bench` (under 20 minutes on 2 cores); "
+        "front-end worker processes (W), adapter traffic against base traffic on the gateway's "
+        "admission arms and vLLM's server (L); adapter affinity at a real HAProxy (H) runs on "
+        "request (`python -m bench h --run RUN` adds it to a run). Regenerate everything "
+        "with `make bench` (about 27 minutes on 2 cores); "
         "`python -m bench report` rebuilds this page from the latest run.\n",
         f"Run `{meta['run']}` of {meta['started']}, commit `{meta['commit'][:12]}`{tree}, "
         f"{machine['cpu']}, {machine['cores']} cores, {machine['mem_gib']} GiB, Python "

@@ -1,4 +1,4 @@
-"""The four scenarios of `make bench`, each a sequence of server sessions and measurement windows.
+"""The scenarios of `make bench`, each a sequence of server sessions and measurement windows.
 
 A  gateway vs vLLM's own OpenAI server, same engine flags, demo model, prompts, fixed output
    length; the arms alternate at the server level (vLLM, gateway, vLLM, gateway, ...), each
@@ -20,7 +20,8 @@ D  scaling on both servers: concurrency 1-64, prompt length 16-1024, and an open
 G  Triton over gRPC vs HTTP (bench/grpc_bench.py).
 W  front-end workers (`ServerConfig.workers`): 1 vs 2 on the fake engine with wrk, and 2 workers
    vs vLLM's own server with `--api-server-count 2` on the real engine (bench/workers.py).
-L  adapter traffic vs base traffic on both servers (base, 2, 8, 32 adapters over maxLoras 2),
+L  adapter traffic vs base traffic (base, 2, 8, 32, 128 adapters over maxLoras 2, uniform and
+   Zipf mixes) on vLLM's server and the gateway with adapter-aware, fair and FIFO admission,
    with the engine's running count and adapter loads per request (bench/lora_mix.py).
 """
 
@@ -130,11 +131,17 @@ class Plan:
     h_adapters: int = 16
     h_requests: int = 192
     h_concurrency: int = 8
-    l_rounds: int = 3  # L: rounds of (vLLM, gateway) sessions, the first arm rotating
+    l_rounds: int = 3  # L: rounds of sessions of every arm, the first arm rotating
+    l_rounds_in_all: int = 1  # L's rounds within `python -m bench all`
     l_requests: int = 192
     l_concurrency: int = 16
     l_max_tokens: int = 16
-    l_adapters: tuple[int, ...] = (2, 8, 32)  # besides the base model
+    l_adapters: tuple[int, ...] = (2, 8, 32, 128)  # besides the base model
+    l_mixes: tuple[str, ...] = ("uniform", "zipf")
+    l_arms: tuple[str, ...] | None = None  # None: lora_mix.DEFAULT_ARMS (vllm, slots, strict, fair)
+    l_zipf_s: float = 1.1
+    l_cycle_s: float = 2.0  # the slots arm's LoraConfig.adapterCycleTime
+    l_gateway_limit: int | None = None  # the gateway arms' maxConcurrentRequests (None: 512)
 
 
 QUICK = Plan(
@@ -169,6 +176,7 @@ QUICK = Plan(
     h_requests=48,
     l_rounds=1,
     l_requests=64,
+    l_adapters=(2, 32),
 )
 
 B_PROTOCOLS = ("openai-chat", "tgi", "triton", "mindie", "djl", "anthropic")
@@ -1035,16 +1043,15 @@ def scenario_h(run: Run, plan: Plan) -> None:
 
 
 def scenario_l(run: Run, plan: Plan) -> None:
-    """Adapter traffic vs base traffic, gateway vs vLLM's server (bench/lora_mix.py). Run on
-    request, not by `all` (yet)."""
+    """Adapter traffic vs base traffic, the gateway's admission arms and vLLM's server
+    (bench/lora_mix.py)."""
     from bench.lora_mix import run_l
 
-    run_l(run, plan.l_rounds, plan.l_requests, plan.l_concurrency, plan.l_max_tokens,
-          plan.l_adapters)
+    run_l(run, plan)
 
 
 SCENARIOS = {
     "a": scenario_a, "b": scenario_b, "c": scenario_c, "d": scenario_d, "g": scenario_g,
     "w": scenario_w, "h": scenario_h, "l": scenario_l,
 }
-ALL = ("a", "b", "c", "d", "g", "w")  # `python -m bench all`: H runs on request only
+ALL = ("a", "b", "c", "d", "g", "w", "l")  # `python -m bench all`: H runs on request only

@@ -27,6 +27,7 @@ from server import __version__
 from server.control import openapi
 from server.control.grpc_health import health_service
 from server.core.adapter_files import AdapterRules, BaseModelShape, validate_adapter_dir
+from server.core.adapter_prefetch import Prefetcher
 from server.core.adapter_state import SavedAdapter, StateFileError, read_state
 from server.core.adapters import AdapterLimits, AdapterRegistry
 from server.core.admission import Admission, Limits
@@ -131,7 +132,7 @@ def build_gateway(
         ),
     )
     limits = service_limits(settings)
-    admission = Admission(limits)
+    admission = Admission(limits, prefetch=Prefetcher(adapters))
     registry = CollectorRegistry()
     metrics = GatewayMetrics(
         registry,
@@ -375,14 +376,30 @@ def merged_adapter_dir(settings: Settings) -> Path:
 
 
 def service_limits(settings: Settings) -> Limits:
-    limits = settings.limits
+    limits, lora = settings.limits, settings.lora
+    active, cached = active_adapters(settings)
     return Limits(
         max_concurrent=limits.max_concurrent_requests,
         max_queue=limits.max_queue,
         fair=limits.fair_admission,
         queue_timeout_s=limits.queue_timeout_s,
         request_timeout_s=limits.request_timeout_s,
+        adapter_slots=-(-active // settings.server.workers),
+        cycle_s=lora.adapter_cycle_s,
+        # the next adapters in line, in the cached places the active ones leave
+        prefetch=max(0, min(active, cached - active)) if active else 0,
     )
+
+
+def active_adapters(settings: Settings) -> tuple[int, int]:
+    """Distinct adapters admitted at once (`maxActiveAdapters`, by default `maxCpuLoras`; 0: no
+    limit) and the engine's cached places. With workers each admits its part, rounded up (with
+    more workers than places the engine may hold one per worker and queue the rest itself)."""
+    lora = settings.lora
+    cached = lora.max_cpu_loras or lora.max_loras
+    if not lora.enabled:
+        return 0, cached
+    return (cached if lora.max_active_adapters is None else lora.max_active_adapters), cached
 
 
 def request_bounds(settings: Settings) -> RequestBounds:

@@ -96,6 +96,12 @@ class Acquire(Command[AdapterHandle]):
 
 
 @dataclass(frozen=True, slots=True)
+class Prefetch(Command[bool]):
+    method = "prefetch"
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class EngineResident(Command[set[str]]):
     method = "engine_resident"
 
@@ -109,7 +115,7 @@ class Refresh(Command[RegistryView]):
 
 AdapterCommand = (
     Register | Update | Unregister | Resave | AddAlias | ReloadChanged | SyncFolders | Ensure
-    | Compose | Acquire | EngineResident | Refresh
+    | Compose | Acquire | Prefetch | EngineResident | Refresh
 )
 
 

@@ -43,6 +43,7 @@ class AdapterLeases:
             record = await self._residency.wait_resident(target, requested=name, cold=True)
         record.inflight += 1
         record.requests += 1
+        record.prefetched = False
         self._residency.mark_used(record)
         return record.handle
 

@@ -51,6 +51,8 @@ class AdapterRecord:
     generated_tokens: int = 0
     loads: int = 0
     cold_loads: int = 0  # loads a request waited for (not a preload)
+    prefetches: int = 0  # loads started ahead of the adapter's turn in the admission queue
+    prefetched: bool = False  # loaded ahead and not used since: another prefetch keeps out
     evictions: int = 0
     load_failures: int = 0
     load_buckets: list[int] = field(default_factory=lambda: [0] * len(LOAD_BUCKETS))
@@ -73,7 +75,7 @@ class AdapterRecord:
             generated_tokens=self.generated_tokens, loads=self.loads, evictions=self.evictions,
             load_failures=self.load_failures, last_used=self.last_used,
             cold_loads=self.cold_loads, load_buckets=tuple(self.load_buckets),
-            load_seconds=self.load_seconds,
+            load_seconds=self.load_seconds, prefetches=self.prefetches,
         )
 
     def count_load(self, seconds: float, *, cold: bool) -> None:
@@ -113,6 +115,7 @@ class AdapterSnapshot:
     cold_loads: int = 0
     load_buckets: tuple[int, ...] = ()  # cumulative counts per LOAD_BUCKETS bound
     load_seconds: float = 0.0
+    prefetches: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,15 +93,34 @@ class AdapterResidency:
             with contextlib.suppress(TimeoutError):  # woken by room, or by an adapter settling
                 await asyncio.wait_for(room.wait(), min(remaining, self._settling_in()))
 
-    async def _load_if_room(self, record: AdapterRecord, *, cold: bool = False) -> bool:
-        """Under the lock: load `record` into the engine, evicting an idle adapter if needed.
-        Returns False when every cached place is pinned or busy."""
+    async def prefetch(self, name: str) -> bool:
+        """Load `name` ahead of its requests if there is room without waiting (see
+        `AdapterRegistry.prefetch`)."""
+        async with self._catalog.lock:
+            record = self._catalog.by_name.get(name)
+            if record is None:
+                raise AdapterNotFound(f"The adapter `{name}` does not exist.")
+            if record.resident:
+                return True
+            if not await self._load_if_room(record, ahead=True):
+                return False
+            record.prefetches += 1
+            record.prefetched = True
+            self.mark_used(record)  # the most recently used: the last a request's load evicts
+            return True
+
+    async def _load_if_room(
+        self, record: AdapterRecord, *, cold: bool = False, ahead: bool = False
+    ) -> bool:
+        """Under the lock: load `record` into the engine, evicting an idle adapter if needed
+        (for a load `ahead` of its requests, never another adapter loaded ahead). Returns False
+        when every cached place is pinned or busy."""
         await self._rebind_if_changed(record)
         if record.handle.int_id in self._resident_ids():
             record.resident = True  # the same files are in the engine under another record
             return True
         if len(self._resident_ids()) >= self.limits.max_cpu_loras:
-            victim = self._eviction_candidate()
+            victim = self._eviction_candidate(spare_prefetched=ahead)
             if victim is None:
                 return False
             await self._evict(victim)
@@ -148,9 +167,13 @@ class AdapterResidency:
             for r in (record, *self._catalog.all_records()) if r.handle.int_id == int_id
         )
 
-    def _eviction_candidate(self) -> AdapterRecord | None:
-        """The least recently used adapter that is idle, unpinned and settled."""
-        idle = [r for r in self._idle_unpinned() if self._settled(r)]
+    def _eviction_candidate(self, *, spare_prefetched: bool = False) -> AdapterRecord | None:
+        """The least recently used adapter that is idle, unpinned and settled (and not loaded
+        ahead, if `spare_prefetched`)."""
+        idle = [
+            r for r in self._idle_unpinned()
+            if self._settled(r) and not (spare_prefetched and r.prefetched)
+        ]
         return min(idle, key=lambda r: r.last_used) if idle else None
 
     def _idle_unpinned(self) -> list[AdapterRecord]:

@@ -33,6 +33,7 @@ from server.core.adapter_commands import (
     Compose,
     EngineResident,
     Ensure,
+    Prefetch,
     Refresh,
     Register,
     RegistryOwnerPort,
@@ -262,6 +263,13 @@ class AdapterRegistry:
         """
         return await self.run(Acquire(name))
 
+    async def prefetch(self, name: str) -> bool:
+        """Load a registered adapter into the engine ahead of its requests, if a cached place is
+        free or held by an idle adapter (never one loaded ahead itself); never waits. Returns
+        whether it is in the engine now (False: no room yet). Raises AdapterNotFound,
+        AdapterInvalid, GatewayError (the engine refused)."""
+        return await self.run(Prefetch(name))
+
     async def engine_resident(self) -> set[str]:
         """Names of registered adapters the engine really holds now (asks the engine)."""
         return await self.run(EngineResident())
@@ -329,6 +337,8 @@ class AdapterRegistry:
                 return await self._compose(command.merge)
             case Acquire():
                 return await self._leases.acquire(command.name)
+            case Prefetch():
+                return await self._residency.prefetch(command.name)
             case EngineResident():
                 return await self._residency.engine_resident()
             case Refresh():

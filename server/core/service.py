@@ -120,14 +120,14 @@ class InferenceService:
     async def start(self, request: GenerationRequest) -> EventStream:
         """Admit, resolve, start and prime one request. Raises GatewayError before any output.
         A queued request already counts as in flight, so a drain waits for it too."""
-        await self._admit((request,))
-        return await self._launch(request)
+        key = await self._admit((request,))
+        return await self._launch(request, key)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """The whole answer. Errors raise before anything was answered, so this needs no
         priming: the events are folded as they come."""
-        await self._admit((request,))
-        stream = await self._launch(request, prime=False)
+        key = await self._admit((request,))
+        stream = await self._launch(request, key, prime=False)
         try:
             return await collect(stream, request_id=request.request_id, model=request.model)
         finally:
@@ -137,8 +137,8 @@ class InferenceService:
         """Several requests as one stream (a list of prompts, DJL multi-adapter batches): admitted
         together, started and primed concurrently, all closed if any fails to start. Choice i of
         request k becomes k * n + i; every `Started` says its prompt; one `Done` sums the usage."""
-        await self._admit(requests)
-        tasks = [asyncio.ensure_future(self._launch(r)) for r in requests]
+        key = await self._admit(requests)
+        tasks = [asyncio.ensure_future(self._launch(r, key)) for r in requests]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         finally:
@@ -184,19 +184,21 @@ class InferenceService:
         return bool(self._active.get(request_id))
 
     # ---- internals ---------------------------------------------------------------------------
-    async def _admit(self, requests: Sequence[GenerationRequest]) -> None:
+    async def _admit(self, requests: Sequence[GenerationRequest]) -> str:
         """Gate and admission for all of `requests` at once; each then holds one slot. A batch
-        waits in the queue of its first request's adapter."""
+        waits in the queue of its first request's adapter (and holds that adapter's slot).
+        Returns the queue key, which each request's release names."""
         count = len(requests)
+        key = self._queue_key(requests[0])
         try:
             for request in requests:
                 _check_structured(request)
             self._gate()
             self.lifecycle.enter(count)
             try:
-                await on_engine(self.admission.acquire(count, self._queue_key(requests[0])))
+                await on_engine(self.admission.acquire(count, key))
                 if self._abort_reason is not None:
-                    self.admission.release(count)
+                    self.admission.release(count, key)
                     raise self._abort_reason
             except BaseException:
                 self.lifecycle.leave(count)
@@ -205,6 +207,7 @@ class InferenceService:
             for request in requests:
                 self.observer.rejected(request, exc.error_type)
             raise
+        return key
 
     def _queue_key(self, request: GenerationRequest) -> str:
         """The admission queue a request waits in: its adapter's registered name (a workflow
@@ -227,15 +230,18 @@ class InferenceService:
                 f"This instance has the role {role.value} and takes no new requests from clients."
             )
 
-    async def _launch(self, request: GenerationRequest, *, prime: bool = True) -> EventStream:
-        """Resolve and start one admitted request (it holds one slot until closed)."""
+    async def _launch(
+        self, request: GenerationRequest, key: str, *, prime: bool = True
+    ) -> EventStream:
+        """Resolve and start one admitted request (it holds one slot of queue `key` until
+        closed)."""
         adapter: AdapterHandle | None = None
         try:
             adapter = await self._resolve(request)
         except BaseException as exc:
             if adapter is not None:
                 self.adapters.release(adapter)
-            self._release_slot()
+            self._release_slot(key)
             if isinstance(exc, GatewayError):
                 self.observer.rejected(request, exc.error_type)
             raise
@@ -249,7 +255,7 @@ class InferenceService:
             adapter=adapter,
             abort=partial(self._engine.abort, engine_id),
             observer=self.observer,
-            on_close=self._closed,
+            on_close=partial(self._closed, key),
         )
         self._active.setdefault(request.request_id, []).append(stream)
         self.observer.admitted(request)
@@ -287,11 +293,11 @@ class InferenceService:
             f"{', '.join(sorted(self.base_names - self.aliases))}."
         )
 
-    def _release_slot(self) -> None:
-        self.admission.release()
+    def _release_slot(self, key: str) -> None:
+        self.admission.release(1, key)
         self.lifecycle.leave()
 
-    def _closed(self, stream: EventStream) -> None:
+    def _closed(self, key: str, stream: EventStream) -> None:
         """`on_close` of every stream: forget it, release what it held, report it."""
         group = self._active.get(stream.request.request_id, [])
         if stream in group:
@@ -301,7 +307,7 @@ class InferenceService:
         usage = stream.usage
         if stream.adapter is not None:
             self.adapters.release(stream.adapter, usage.completion_tokens if usage else 0)
-        self._release_slot()
+        self._release_slot(key)
         self.observer.finished(
             stream.request, error_type=stream.error_type, usage=usage, timing=stream.timing
         )

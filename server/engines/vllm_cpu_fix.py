@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 _OPS = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")
 _MODULES = (
@@ -85,15 +85,15 @@ def fused_add_lora_linear(  # noqa: PLR0913 - vLLM's signature
     if wrapper.no_lora:
         return
     torch = importlib.import_module("torch")
-    weights_a = torch.cat(lora_a_stacked, dim=-2) if len(lora_a_stacked) > 1 else lora_a_stacked[0]
+    weights_a = _stacked(torch, lora_a_stacked)
     rank = lora_a_stacked[0].shape[-2]
-    rows = _Rows(torch, indices)
+    rows = _step_rows(wrapper, torch, indices, _TOKENS)
     shrunk = rows.shrink(x, weights_a, scale).to(dtype=y.dtype)
-    offset = 0
-    for index, width in enumerate(output_slices):
-        rows.expand_into(y, shrunk[:, index * rank : (index + 1) * rank], lora_b_stacked[index],
-                         offset, width)
-        offset += width
+    if len(output_slices) == 1:
+        rows.expand_into(y, shrunk, lora_b_stacked[0], 0, output_slices[0])
+        return
+    rows.expand_into(y, shrunk, _block_diagonal(torch, lora_b_stacked, rank), 0,
+                     sum(output_slices))
 
 
 def fused_add_lora_embedding(
@@ -110,7 +110,8 @@ def fused_add_lora_embedding(
     if wrapper.no_lora:
         return
     torch = importlib.import_module("torch")
-    _Rows(torch, indices).expand_into(y, x, lora_b_stacked, 0, _common(y, lora_b_stacked))
+    rows = _step_rows(wrapper, torch, indices, _TOKENS)
+    rows.expand_into(y, x, lora_b_stacked, 0, _common(y, lora_b_stacked))
 
 
 def fused_add_lora_logits(
@@ -132,7 +133,7 @@ def fused_add_lora_logits(
     torch = importlib.import_module("torch")
     if bool((indices < 0).all()):
         return
-    rows = _Rows(torch, indices)
+    rows = _step_rows(wrapper, torch, indices, _SAMPLED)
     rows.expand_into(y_rows, rows.shrink(x_rows, lora_a_stacked, scale), lora_b_stacked, 0,
                      _common(y_rows, lora_b_stacked))
 
@@ -143,15 +144,61 @@ def _common(y: Any, weights_b: Any) -> int:
     return min(int(weights_b.shape[2]), int(y.shape[1]))
 
 
+def _stacked(torch: Any, lora_a_stacked: tuple[Any, ...]) -> Any:
+    """The slices' A weights side by side (slots x 1 x slices * rank x in), made once per
+    contents and kept on the first slice's tensor: vLLM writes an adapter's weights into these
+    tensors in place (`copy_`, which moves their version), so the tensors and their versions
+    name the contents."""
+    if len(lora_a_stacked) == 1:
+        return lora_a_stacked[0]
+    key = tuple((id(a), a._version) for a in lora_a_stacked)
+    first = lora_a_stacked[0]
+    made = first.__dict__.get(_STACKED)
+    if made is None or made[0] != key:
+        made = first.__dict__[_STACKED] = (key, torch.cat(lora_a_stacked, dim=-2))
+    return made[1]
+
+
+def _block_diagonal(torch: Any, lora_b_stacked: tuple[Any, ...], rank: int) -> Any:
+    """The slices' B weights as one block-diagonal B per slot (slots x 1 x total width x slices *
+    rank): slice i's outputs read only slice i's part of the shrunk row, so one product
+    expands every slice. Kept on the first slice's tensor like `_stacked`."""
+    key = tuple((id(b), b._version) for b in lora_b_stacked)
+    first = lora_b_stacked[0]
+    made = first.__dict__.get(_STACKED)
+    if made is None or made[0] != key:
+        slots = first.shape[0]
+        widths = [int(b.shape[2]) for b in lora_b_stacked]
+        block = first.new_zeros(slots, 1, sum(widths), rank * len(widths))
+        offset = 0
+        for index, (b, width) in enumerate(zip(lora_b_stacked, widths, strict=True)):
+            block[:, :, offset : offset + width, index * rank : (index + 1) * rank] = b
+            offset += width
+        made = first.__dict__[_STACKED] = (key, block)
+    return made[1]
+
+
+def _step_rows(wrapper: Any, torch: Any, indices: Any, which: int) -> _Rows:
+    """This step's rows of the token (`_TOKENS`) or sampled (`_SAMPLED`) indices: made once by
+    `fast_update_metadata` for every layer of the step, else from `indices`."""
+    made = wrapper.__dict__.get(_ROWS)
+    if made is not None and made[which].count == indices.shape[0]:
+        return cast("_Rows", made[which])
+    return _Rows(torch, indices)
+
+
 class _Rows:
     """One step's rows and their slots (-1: no LoRA), for products over every slot at once."""
 
-    def __init__(self, torch: Any, indices: Any) -> None:
+    def __init__(self, torch: Any, indices: Any, *, has_base: bool | None = None) -> None:
         self.torch = torch
+        self.count = indices.shape[0]
         self.slot = indices.clamp(min=0)
-        self.token = torch.arange(indices.shape[0], device=indices.device)
+        self.token = torch.arange(self.count, device=indices.device)
         base = indices < 0
-        self.base = base if bool(base.any()) else None
+        if has_base is None:
+            has_base = bool(base.any())
+        self.base = base if has_base else None
 
     def shrink(self, x: Any, weights_a: Any, scale: float) -> Any:
         """Each row's x @ its slot's A (slots x 1 x rank x in) * scale in float32, 0 for -1."""
@@ -196,6 +243,7 @@ def fast_update_metadata(
     except KeyError:
         tokens = []
     if not (tokens and mapping.is_prefill):
+        wrapper.__dict__.pop(_ROWS, None)
         _lazy_prefill_metadata(wrapper)  # vLLM keeps the last prefill's runs; settle them first
         _ORIGINAL["update_metadata"](
             wrapper, mapping, lora_index_to_id, max_loras, vocab_size, **kw)
@@ -213,6 +261,10 @@ def fast_update_metadata(
     wrapper.is_prefill = True
     wrapper.no_lora = max(tokens) < 0
     wrapper.__dict__[_STALE] = True
+    wrapper.__dict__[_ROWS] = (
+        _Rows(torch, token_slots, has_base=min(tokens) < 0),
+        _Rows(torch, prompt_slots, has_base=min(prompts, default=0) < 0),
+    )
 
 
 def _lazy_prefill_metadata(wrapper: Any) -> Any:
@@ -255,6 +307,9 @@ def _plain_expand(
 
 
 _STALE = "_gateway_prefill_metadata_stale"
+_ROWS = "_gateway_step_rows"  # (token rows, sampled rows) of the step fast_update_metadata set
+_TOKENS, _SAMPLED = 0, 1
+_STACKED = "_gateway_stacked"  # on a layer's first A tensor: (its slices' contents, side by side)
 _ORIGINAL: dict[str, Callable[..., None]] = {}  # vLLM's own methods, by name
 _FUSED: dict[str, Callable[..., None]] = {
     "update_metadata": fast_update_metadata,

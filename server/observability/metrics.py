@@ -131,6 +131,8 @@ E2E_BUCKETS = (
     1920.0,
     7680.0,
 )
+# admission queue wait per adapter: a grant at once, a slot's turn, a few cycles (cycle: 2 s)
+ADAPTER_WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0)
 
 access_logger = logging.getLogger("gateway.access")
 
@@ -219,6 +221,7 @@ class GatewayMetrics:
             self.registries = (REGISTRY, registry)
         else:
             self._share(registry, self.shared_dir, window)
+        live.admission.watch(self)
         registry.register(LiveStateCollector(live, queued=self.shared_dir is None))
         registry.register(AdapterCollector(live.adapters, live.admission, self.shared_dir))
 
@@ -297,9 +300,25 @@ class GatewayMetrics:
             E2E_BUCKETS,
             shared=shared,
         )
+        self.adapter_wait = Histogram(
+            "gateway_adapter_queue_wait_seconds",
+            "Time a request on the adapter waited in the admission queue (0 when admitted at "
+            "once).",
+            ("adapter",),
+            ADAPTER_WAIT_BUCKETS,
+            shared=shared,
+        )
+        self.adapter_rotations = Counter(
+            "gateway_adapter_rotations",
+            "Times the adapter waited for one of the adapter slots (LoraConfig."
+            "maxActiveAdapters) and took it.",
+            ("adapter",),
+            shared=shared,
+        )
         self.families: list[Counter | Gauge | Histogram] = [
             self.http_requests, self.grpc_requests, self.generations, self.failures, self.inflight,
-            self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e, *others,
+            self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e,
+            self.adapter_wait, self.adapter_rotations, *others,
         ]
         if not shared:
             for family in self.families:
@@ -315,7 +334,6 @@ class GatewayMetrics:
         self._adapter_queued = Gauge(
             ADAPTER_QUEUED, "Slots waiting, per adapter.", ("adapter",), shared=True
         )
-        self._live.admission.watch(self._queue_changed)
         windows = Gauge(WINDOWS, "MindIE window sums and lengths.", ("series",), shared=True)
         self.ttft_window = SharedWindow(
             window, windows.labels("ttft_sum"), windows.labels("ttft_count")
@@ -326,9 +344,12 @@ class GatewayMetrics:
         registry.register(SharedFiles(path, [*self.families, queued]))
         self.registries = (registry,)
 
-    def _queue_changed(self, key: str, slots: int) -> None:
-        """Admission's watcher: the total, and the queue of a key that is (or was) an adapter
-        (an unknown model name gets no series)."""
+    # ---- AdmissionWatcher ----------------------------------------------------------------
+    def queue_changed(self, key: str, slots: int) -> None:
+        """With workers, the live gauges: the total, and the queue of a key that is (or was) an
+        adapter (an unknown model name gets no series). Without, scrapes read admission."""
+        if self.shared_dir is None:
+            return
         self._queued.value = self._live.admission.waiting
         series = self._adapter_queued.series.get((key,))
         if series is None:
@@ -336,6 +357,14 @@ class GatewayMetrics:
                 return
             series = self._adapter_queued.labels(key)
         series.value = slots
+
+    def adapter_waited(self, key: str, seconds: float) -> None:
+        if key in self._live.adapters:  # registered names only: never raw request input
+            self.adapter_wait.labels(key).observe(seconds)
+
+    def adapter_rotated(self, key: str) -> None:
+        if key in self._live.adapters:
+            self.adapter_rotations.labels(key).inc()
 
     def queue_depth(self) -> tuple[float, dict[str, float]]:
         """Requests waiting for admission (every worker's): all, and per queue key."""
@@ -512,6 +541,8 @@ class AdapterCollector(Collector):
         ("loads", "gateway_adapter_loads", "Times the adapter was loaded into the engine."),
         ("cold_loads", "gateway_adapter_cold_loads",
          "Loads a request waited for (the adapter was not in the engine when it arrived)."),
+        ("prefetches", "gateway_adapter_prefetches",
+         "Loads started ahead of the adapter's turn in the admission queue."),
         ("evictions", "gateway_adapter_evictions", "Times it was evicted from the engine."),
         ("load_failures", "gateway_adapter_load_failures", "Loads the engine refused."),
     )

@@ -104,6 +104,8 @@ ALIASES: Final[dict[str, tuple[str, ...]]] = {
     "ModelConfig.engineOptions": ("model.engine_options",),
     "LoraConfig.enabled": ("lora.enabled",),
     "LoraConfig.maxLoras": ("lora.max_loras",),
+    "LoraConfig.maxActiveAdapters": ("lora.max_active_adapters",),
+    "LoraConfig.adapterCycleTime": ("lora.adapter_cycle_s",),
     "LoraConfig.maxLoraRank": ("lora.max_lora_rank",),
     "LoraConfig.maxCpuLoras": ("lora.max_cpu_loras",),
     "LoraConfig.loraDtype": ("lora.lora_dtype",),

@@ -139,6 +139,13 @@ class LoraSettings(_Section):
     # how many stay registered at once (the least recently used idle one goes first)
     merged_adapter_dir: str | None = None
     max_merged_adapters: int = Field(32, ge=1)
+    # adapter-aware admission (server/core/admission.py): at most max_active_adapters distinct
+    # adapters in flight (None: max_cpu_loras, the adapters the engine holds loaded; 0: no
+    # limit), each keeping its slot for adapter_cycle_s while others wait (LoRAX's
+    # max_active_adapters and adapter_cycle_time_s); with fewer than max_cpu_loras, the next
+    # ones are loaded ahead into the cached places left
+    max_active_adapters: int | None = Field(None, ge=0)
+    adapter_cycle_s: float = Field(2.0, gt=0, le=3600)
 
     @field_validator("adapter_sources")
     @classmethod
@@ -155,6 +162,9 @@ class LoraSettings(_Section):
         whole words, so that the loader can put the config file's names in their place."""
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError("max_cpu_loras must be >= max_loras")
+        cached = self.max_cpu_loras or self.max_loras
+        if self.max_active_adapters is not None and self.max_active_adapters > cached:
+            raise ValueError("max_active_adapters must be <= max_cpu_loras")
         return self
 
 

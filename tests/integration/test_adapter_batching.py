@@ -7,17 +7,22 @@ the scheduler's numbers) must show all eight, none waiting, and no adapter loade
 nothing in the gateway (residency, admission, the engine adapter) keeps them apart. The streams
 are long (400 tokens) and closed by the test once it has read the metrics; the poll's deadline is
 a safety bound, never the assertion.
+
+On a server with `maxActiveAdapters` 2 (the strict setting: as many adapters in flight as the
+engine runs per step), a third adapter's streams wait in the gateway's queue while a1 and a2 hold
+both adapter slots, and start once one drains.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Iterator
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.serverproc import RunningServer
+from tests.serverproc import RunningServer, running_server
 
 STREAMS = 8
 HOLD_TOKENS = 400  # the live server's maxModelLen is 512
@@ -26,6 +31,14 @@ WAIT_S = 300.0
 pytestmark = [pytest.mark.server, pytest.mark.anyio]
 
 Families = dict[str, list[tuple[dict[str, str], float]]]
+
+
+@pytest.fixture(scope="module")
+def strict_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    overrides = {"LoraConfig": {"maxActiveAdapters": 2}}
+    with running_server(tmp_path_factory.mktemp("strict"), overrides=overrides,
+                        ready_timeout=600) as server:
+        yield server
 
 
 def body(model: str, tokens: int, *, stream: bool) -> dict[str, object]:
@@ -97,3 +110,60 @@ async def test_requests_for_resident_adapters_run_together_like_base_requests(
     (info, _), = families["vllm:lora_requests_info"]
     running = "" if models == ("tiny",) else ",".join(models)
     assert info["running_lora_adapters"] == running
+
+
+def sample(families: Families, name: str, adapter: str) -> float:
+    return sum(v for labels, v in families.get(name, []) if labels.get("adapter") == adapter)
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Poll `check` until it holds; the deadline is a safety bound, never the assertion."""
+    for _ in range(int(WAIT_S / 0.1)):
+        if await check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"never saw: {what}")
+
+
+async def test_a_third_adapter_waits_for_a_slot_in_the_gateway_and_takes_the_first_that_drains(
+    strict_server: RunningServer,
+) -> None:
+    """maxActiveAdapters 2: long streams on a1 and a2 hold both adapter slots, so a3's
+    streams wait in the gateway's queue while the engine runs only a1 and a2; once a1's streams
+    end, a3 takes its slot (a rotation) and its streams start beside a2's."""
+    async with httpx.AsyncClient(base_url=strict_server.url, timeout=WAIT_S) as http:
+        for model in ("a1", "a2", "a3"):
+            response = await http.post("/v1/completions", json=body(model, 2, stream=False))
+            assert response.status_code == 200, response.text
+        before = await scrape(strict_server)
+        events = {m: [asyncio.Event(), asyncio.Event()] for m in ("a1", "a2", "a3")}
+        tasks = {m: [asyncio.create_task(hold(http, m, e)) for e in es] for m, es in events.items()
+                 if m != "a3"}
+        try:
+            await asyncio.wait_for(asyncio.gather(
+                *(e.wait() for m in ("a1", "a2") for e in events[m])), WAIT_S)
+            tasks["a3"] = [asyncio.create_task(hold(http, "a3", e)) for e in events["a3"]]
+
+            async def a3_queued() -> bool:
+                families = await scrape(strict_server)
+                return sample(families, "gateway_adapter_requests_queued", "a3") == 2
+
+            await until(a3_queued, "a3's two streams in the gateway's queue")
+            families = await scrape(strict_server)
+            (info, _), = families["vllm:lora_requests_info"]
+            assert set(info["running_lora_adapters"].split(",")) == {"a1", "a2"}
+            assert not any(e.is_set() for e in events["a3"])
+            for task in tasks["a1"]:
+                task.cancel()
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events["a3"])), WAIT_S)
+            after = await scrape(strict_server)
+        finally:
+            for task in [t for group in tasks.values() for t in group]:
+                task.cancel()
+            await asyncio.gather(*(t for g in tasks.values() for t in g), return_exceptions=True)
+    rotations = "gateway_adapter_rotations_total"
+    assert sample(after, rotations, "a3") - sample(before, rotations, "a3") == 1
+    waited = "gateway_adapter_queue_wait_seconds_count"
+    assert sample(after, waited, "a3") - sample(before, waited, "a3") == 2
+    waited_s = "gateway_adapter_queue_wait_seconds_sum"
+    assert sample(after, waited_s, "a3") > sample(before, waited_s, "a3")

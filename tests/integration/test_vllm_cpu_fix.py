@@ -266,6 +266,7 @@ def metadata(wrapper: Any, prefill_metadata: Callable[[Any], Any]) -> tuple[Any,
     ([7, 7, 7], [7], True),  # one adapter
     ([0, 0, 0, 0], [0, 0], True),  # base only
     ([7, 0, 9], [7, 0, 9], False),  # vLLM's decode mode
+    ([7, 7, 9], [], True),  # a chunk of prompts that samples no row
 ])
 def test_fast_metadata_is_vllms(tokens: list[int], prompts: list[int], prefill: bool) -> None:
     slots: list[int | None] = [9, None, 7]  # slot -> adapter id, with a free slot between
@@ -287,3 +288,31 @@ def test_fast_metadata_leaves_an_unknown_adapter_to_vllm(monkeypatch: pytest.Mon
     wrapper = punica([0])
     cpu_fix.fast_update_metadata(wrapper, mapping([7, 5], [7, 5]), [7, None], 2, VOCAB)
     assert calls == ["update_metadata"]
+
+
+@pytest.mark.usefixtures("fixed_ops")
+def test_rows_made_once_per_step_follow_each_step() -> None:
+    """The fused paths reuse the rows `fast_update_metadata` made for the step, and a new step's
+    rows replace them: two steps with different mappings, each equal to vLLM's own."""
+    slots: list[int | None] = [9, None, 7]
+    cpu = importlib.import_module("vllm.lora.punica_wrapper.punica_cpu").PunicaWrapperCPU
+    expected, fast = cpu(64, 8, "cpu"), cpu(64, 8, "cpu")
+    original = vllms(expected, "update_metadata")
+    vllms(expected, "add_lora_linear")
+    for tokens in ([7, 0, 9, 9, 7, 0], [9, 9, 9, 7, 7, 7]):
+        step = mapping(tokens, tokens)
+        original(expected, step, slots, 4, VOCAB)
+        cpu_fix.fast_update_metadata(fast, step, slots, 4, VOCAB)
+        x, a, b, y = lora_layer(len(tokens), 4)
+        want, got = y.clone(), y.clone()
+        cpu_fix._ORIGINAL["add_lora_linear"](expected, want, x, a, b, 1.0, SLICES)
+        cpu_fix.fused_add_lora_linear(fast, got, x, a, b, 1.0, SLICES)
+        torch.testing.assert_close(got, want)
+
+
+def test_slices_side_by_side_follow_weights_written_in_place() -> None:
+    _, a, _, _ = lora_layer(2, 2)
+    first = cpu_fix._stacked(torch, a)
+    assert cpu_fix._stacked(torch, a) is first  # made once for the same contents
+    a[1][0].copy_(torch.ones_like(a[1][0]))  # vLLM loading an adapter into slot 0
+    torch.testing.assert_close(cpu_fix._stacked(torch, a), torch.cat(a, dim=-2))

@@ -232,6 +232,23 @@ async def test_pinned_adapter_is_never_evicted(root: Path) -> None:
     assert registry.get("a1").evictions == 0
 
 
+async def test_a_prefetch_loads_ahead_never_evicting_another_one_loaded_ahead(root: Path) -> None:
+    registry, engine = make_registry(root, max_loras=1, max_cpu_loras=2)
+    for name in ("a1", "a2", "a3", "a4", "a5"):
+        await registry.register(name, str(root / name), preload=False)
+    await use(registry, "a1")
+    assert await registry.prefetch("a2")
+    assert await registry.prefetch("a3")  # evicts a1, idle and not loaded ahead
+    assert not await registry.prefetch("a4")  # a2 and a3 wait for their requests: no room
+    assert names_in_engine(engine) == {"a2", "a3"} and await registry.prefetch("a2")
+    await use(registry, "a4")  # a request's own load may take a place loaded ahead
+    assert "a4" in names_in_engine(engine)
+    assert [registry.get(n).prefetches for n in ("a2", "a3", "a4")] == [1, 1, 0]
+    assert registry.get("a2").cold_loads == 0
+    with pytest.raises(AdapterNotFound):
+        await registry.prefetch("nope")
+
+
 async def test_more_pins_than_slots_is_refused_with_no_free_slots(root: Path) -> None:
     registry, _ = make_registry(root, max_loras=2, max_cpu_loras=4)
     await registry.register("a1", str(root / "a1"), pin=True)

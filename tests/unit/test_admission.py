@@ -4,6 +4,7 @@ timeouts, cancellation and batches."""
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
@@ -11,6 +12,25 @@ from server.core.admission import Admission, Limits
 from server.core.errors import Overloaded
 
 pytestmark = pytest.mark.anyio
+
+
+class Watcher:
+    """Records what admission reports."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+        self.queues: list[tuple[str, int, int]] = []  # key, its slots, all waiting
+        self.waits: list[tuple[str, float]] = []
+        self.rotations: list[str] = []
+
+    def queue_changed(self, key: str, slots: int) -> None:
+        self.queues.append((key, slots, self._admission.waiting))
+
+    def adapter_waited(self, key: str, seconds: float) -> None:
+        self.waits.append((key, seconds))
+
+    def adapter_rotated(self, key: str) -> None:
+        self.rotations.append(key)
 
 
 async def grant_order(limits: Limits, waiters: list[tuple[str, str]]) -> list[str]:
@@ -145,8 +165,9 @@ async def test_a_watcher_sees_every_queue_change_with_the_slots_it_asks_for() ->
     """Queued (a batch of 2 counts 2), granted, cancelled: each change reported once, after
     `waiting` moved."""
     admission = Admission(Limits(max_concurrent=1))
-    seen: list[tuple[str, int, int]] = []
-    admission.watch(lambda key, slots: seen.append((key, slots, admission.waiting)))
+    watcher = Watcher(admission)
+    seen = watcher.queues
+    admission.watch(watcher)
     await admission.acquire()  # no queue: nothing to report
     first = asyncio.create_task(admission.acquire(2, "a"))
     await asyncio.sleep(0)
@@ -158,3 +179,147 @@ async def test_a_watcher_sees_every_queue_change_with_the_slots_it_asks_for() ->
     admission.release()
     await first
     assert seen == [("a", 2, 2), ("b", 1, 3), ("b", 0, 2), ("a", 0, 0)]
+
+
+# ---- adapter slots ---------------------------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def slotted(slots: int = 2, cycle_s: float = 1.0, **more: int) -> tuple[Admission, Clock]:
+    clock = Clock()
+    limits = Limits(max_concurrent=64, adapter_slots=slots, cycle_s=cycle_s, **more)
+    return Admission(limits, clock=clock), clock
+
+
+async def started(admission: Admission, key: str) -> asyncio.Task[None]:
+    """A request on `key`, queued or admitted before this returns."""
+    task = asyncio.create_task(admission.acquire(1, key))
+    await asyncio.sleep(0)
+    return task
+
+
+@pytest.mark.parametrize("fair", [True, False])
+async def test_adapter_slots_are_never_exceeded_and_every_adapter_is_served(fair: bool) -> None:
+    clock = Clock()
+    admission = Admission(
+        Limits(max_concurrent=8, adapter_slots=2, cycle_s=0.5, fair=fair), clock=clock
+    )
+    in_flight: dict[str, int] = {}
+    most = 0
+
+    async def request(key: str) -> None:
+        nonlocal most
+        await admission.acquire(1, key)
+        in_flight[key] = in_flight.get(key, 0) + 1
+        most = max(most, sum(1 for k, n in in_flight.items() if n and k))
+        for _ in range(3):  # runs a few steps while the clock moves
+            clock.now += 0.1
+            await asyncio.sleep(0)
+        in_flight[key] -= 1
+        admission.release(1, key)
+
+    keys = [f"a{i % 7}" for i in range(70)] + [""] * 20
+    random.Random(7).shuffle(keys)
+    await asyncio.wait_for(asyncio.gather(*(request(k) for k in keys)), 10)
+    assert most == 2
+    assert (admission.running, admission.waiting, admission.active_adapters()) == (0, 0, [])
+
+
+async def test_few_adapters_and_the_base_model_never_wait_for_an_adapter_slot() -> None:
+    admission, _ = slotted(slots=2)
+    for key in ("a", "b", "a", "", "", "b"):
+        await asyncio.wait_for(admission.acquire(1, key), 1)
+    waiting = await started(admission, "c")
+    assert admission.queued() == {"c": 1}
+    await asyncio.wait_for(admission.acquire(1, ""), 1)  # the base model passes a full set
+    assert admission.active_adapters() == ["a", "b"]
+    waiting.cancel()
+
+
+async def test_an_adapter_past_its_cycle_drains_and_hands_its_slot_to_a_waiting_one() -> None:
+    admission, clock = slotted(slots=2, cycle_s=1.0)
+    watcher = Watcher(admission)
+    admission.watch(watcher)
+    await admission.acquire(1, "hot")
+    await admission.acquire(1, "b")
+    cold = await started(admission, "cold")  # no slot: both are held
+    await asyncio.wait_for(admission.acquire(1, "hot"), 1)  # within its cycle: admitted
+    clock.now = 1.5
+    late_hot = await started(admission, "hot")  # past its cycle while "cold" waits: queued
+    assert admission.queued() == {"cold": 1, "hot": 1}
+    admission.release(1, "hot")
+    assert not cold.done()  # "hot" still runs one
+    admission.release(1, "hot")
+    await asyncio.wait_for(cold, 1)
+    assert admission.active_adapters() == ["b", "cold"]
+    assert not late_hot.done()  # now "hot" waits for a slot like any other adapter
+    admission.release(1, "b")
+    await asyncio.wait_for(late_hot, 1)
+    assert watcher.rotations == ["cold", "hot"]
+    assert [key for key, _ in watcher.waits] == ["hot", "b", "hot", "cold", "hot"]
+    assert [seconds for _, seconds in watcher.waits][-2:] == [1.5, 0.0]
+
+
+async def test_waiting_adapters_are_loaded_ahead_once_and_asked_again_when_there_was_no_room(
+) -> None:
+    answers = [False, True, True]
+    asked: list[str] = []
+
+    async def prefetch(key: str) -> bool:
+        asked.append(key)
+        return answers.pop(0)
+
+    admission = Admission(Limits(max_concurrent=64, adapter_slots=2, prefetch=1), prefetch)
+    await admission.acquire(1, "a")
+    await admission.acquire(1, "b")
+    waiters = [await started(admission, "c")]
+    await asyncio.sleep(0)
+    assert asked == ["c"]  # no room yet
+    waiters.append(await started(admission, "d"))
+    await asyncio.sleep(0)
+    assert asked == ["c", "c"]  # asked again at the next change, only the next one in turn
+    waiters.append(await started(admission, "c"))
+    await asyncio.sleep(0)
+    assert asked == ["c", "c"]
+    admission.release(1, "a")  # "c" takes the slot; "d" is next
+    await asyncio.sleep(0)
+    assert asked == ["c", "c", "d"]
+    for waiter in waiters:
+        waiter.cancel()
+
+
+async def test_a_cancelled_waiter_gives_back_the_adapter_slot_it_was_holding_out_for() -> None:
+    admission, _ = slotted(slots=1)
+    await admission.acquire(1, "a")
+    queued = await started(admission, "b")
+    queued.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    admission.release(1, "a")
+    assert admission.active_adapters() == []
+    await asyncio.wait_for(admission.acquire(1, "c"), 1)
+    assert admission.active_adapters() == ["c"]
+
+
+async def test_a_free_slot_goes_to_an_adapter_that_waited_a_cycle_else_to_the_most_waiting(
+) -> None:
+    admission, clock = slotted(slots=1, cycle_s=1.0)
+    await admission.acquire(1, "a")
+    first = [await started(admission, "b")]
+    clock.now = 0.5
+    crowd = [await started(admission, "c") for _ in range(3)]
+    admission.release(1, "a")  # nobody waited a cycle: "c" has the most waiting
+    await asyncio.wait_for(asyncio.gather(*crowd), 1)
+    assert admission.active_adapters() == ["c"] and not first[0].done()
+    clock.now = 1.2
+    later = [await started(admission, "d") for _ in range(3)]
+    admission.release(3, "c")  # "b" waited 1.2 s, past the cycle: it goes before the crowd
+    await asyncio.wait_for(first[0], 1)
+    assert admission.active_adapters() == ["b"] and not any(t.done() for t in later)
+    admission.release(1, "b")
+    await asyncio.wait_for(asyncio.gather(*later), 1)

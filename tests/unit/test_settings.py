@@ -241,6 +241,26 @@ def test_cross_field_error_names_the_config_keys_and_their_source(tmp_path: Path
     assert from_env.startswith("environment: LoraConfig: Value error, maxCpuLoras must be >=")
 
 
+def test_active_adapters_default_to_the_engine_cached_places_and_split_over_workers(
+    tmp_path: Path,
+) -> None:
+    from server.gateway import service_limits
+
+    def limits(lora: dict[str, Any], workers: int = 1) -> tuple[int, int]:
+        config = {"LoraConfig": lora, "ServerConfig": {"workers": workers}}
+        made = service_limits(settings_from_config(config, base_dir=tmp_path))
+        return made.adapter_slots, made.prefetch
+
+    assert limits({"maxLoras": 2, "maxCpuLoras": 4}) == (4, 0)
+    assert limits({"maxLoras": 2, "maxCpuLoras": 4, "maxActiveAdapters": 2}) == (2, 2)
+    assert limits({"maxLoras": 2, "maxCpuLoras": 4, "maxActiveAdapters": 3}) == (3, 1)
+    assert limits({"maxActiveAdapters": 0}) == (0, 0)
+    assert limits({"maxLoras": 2, "maxCpuLoras": 4}, workers=3) == (2, 0)
+    assert limits({"enabled": False}) == (0, 0)
+    message = load_error(tmp_path, {"LoraConfig": {"maxCpuLoras": 4, "maxActiveAdapters": 5}})
+    assert "maxActiveAdapters must be <= maxCpuLoras" in message
+
+
 def test_management_key_errors_name_the_management_key(tmp_path: Path) -> None:
     message = load_error(tmp_path, {"ServerConfig": {"managementTlsCert": 5}})
     assert message == (

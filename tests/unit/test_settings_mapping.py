@@ -54,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
         "adapterDirRefresh": 5.0, "stateFile": None, "adapterSources": [],
         "adapterCacheDir": None, "adapterCacheGiB": 20.0, "adapterSourceTimeout": 20.0,
         "adapterSourceCaFile": None, "mergedAdapterDir": None, "maxMergedAdapters": 32,
+        "maxActiveAdapters": None, "adapterCycleTime": 2.0,
     },
     "LimitsConfig": {
         "maxConcurrentRequests": 256, "maxQueue": 512, "fairAdmission": True,
