@@ -21,6 +21,7 @@ from protocols.common.budget import VLLM_CUTS
 from protocols.common.chat import template_kwargs
 from protocols.common.tools import ChoiceReader, Function, ToolPlan, check_parameters
 from server.core.errors import InvalidRequest, Unsupported
+from server.core.frozen import quick_init
 from server.core.sampling import with_model_defaults
 from server.core.types import (
     ChatMessage,
@@ -230,6 +231,7 @@ def _new_signature() -> str:
     return uuid.uuid4().hex
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplyView:
     """What one answer repeats: its id and model name, the tool plan, the stop sequences."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from server.core.errors import AdapterNotFound, InvalidRequest, ModelNotFound
+from server.core.frozen import quick_init
 from server.core.service import InferenceService
 
 ADAPTER_IDENTIFIER = "x-amzn-sagemaker-adapter-identifier"
@@ -28,6 +29,7 @@ CUSTOM_ATTRIBUTES = "x-amzn-sagemaker-custom-attributes"
 COUNT_MISMATCH = "Number of adapters is not equal to the number of inputs"  # djl_python's words
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Selectors:
     """What a request names outside its body, lowest precedence first."""

@@ -27,6 +27,7 @@ from jsonschema.validators import validator_for
 
 from server.core.engine import OutputParser
 from server.core.errors import InvalidRequest
+from server.core.frozen import quick_init
 from server.core.types import ParsedOutput, ParseSpec, StructuredOutput, ToolCallPiece
 from server.http import jsonio
 
@@ -58,6 +59,7 @@ class Function:
         return {"type": "function", "function": function}
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolPlan:
     """What a request asks of tools, validated."""

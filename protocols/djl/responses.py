@@ -156,6 +156,17 @@ class StreamEncoder:
     def started(self, event: Started) -> None:
         self._input_length = len(event.prompt_token_ids)
 
+    def encode(self, delta: Delta) -> bytes:
+        """The lines of one delta; one token (the usual delta) without the generator."""
+        ids = delta.token_ids
+        if len(ids) != 1:
+            return b"".join(self.lines(delta))
+        entry = delta.logprobs[0] if delta.logprobs else None
+        self._parts.append(delta.text)
+        self._count += 1
+        tok = token(ids[0], delta.text, entry.logprob if entry else None, legacy=self._plan.legacy)
+        return self._line(tok, delta if delta.finish is not None else None, delta.choice)
+
     def lines(self, delta: Delta) -> Iterator[bytes]:
         ids = delta.token_ids
         end = delta if delta.finish is not None else None

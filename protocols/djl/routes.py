@@ -190,7 +190,7 @@ class _Lines:
 
     def encode(self, event: GenerationEvent) -> bytes:
         if isinstance(event, Delta):
-            return b"".join(self._encoder.lines(event))
+            return self._encoder.encode(event)
         if isinstance(event, Started):
             self._encoder.started(event)
         return b""

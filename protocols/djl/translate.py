@@ -21,6 +21,7 @@ from protocols.common.unserved import Neutral, refuse_unserved
 from protocols.djl.schema import AdapterForm, LmiParameters, LmiRequest
 from server.core.adapters import AdapterRecord, Failure
 from server.core.errors import InvalidRequest, Unsupported
+from server.core.frozen import quick_init
 from server.core.sampling import (
     json_schema_text,
     omitted_fields,
@@ -341,6 +342,7 @@ def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
     )
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
     """A parsed LMI request: one generation per input, and how to render the answer."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from protocols.kserve_v2 import tensors
 from server.core.errors import InvalidRequest, ModelNotFound
+from server.core.frozen import quick_init
 
 MODEL_VERSION = "1"
 PLATFORM = "vllm"
@@ -52,6 +53,7 @@ OUTPUT_NAMES = tuple(spec.name for spec in OUTPUTS)
 EXTRA_FLAGS = {name: f"return_{name}" for name in OUTPUT_NAMES[1:]}
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ModelRef:
     """The Triton model named in the path: the base model or an adapter (one model per LoRA)."""

@@ -35,6 +35,7 @@ from typing import Any
 from protocols.common.budget import VLLM_REFUSES
 from protocols.kserve_v2.models import INPUT_SPECS
 from server.core.errors import InvalidRequest, Unsupported
+from server.core.frozen import quick_init
 from server.core.sampling import vllm_structured, with_model_defaults
 from server.core.types import Sampling, SamplingDefaults, StructuredOutput
 from server.http import jsonio
@@ -235,12 +236,14 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Knob:
     wire: str  # the name the client used, for messages
     value: Any
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Knobs:
     """Everything the sampling knobs decide besides the text."""

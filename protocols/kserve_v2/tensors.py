@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.core.errors import InvalidRequest, PayloadTooLarge
+from server.core.frozen import quick_init
 from server.http import jsonio
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -58,6 +59,7 @@ _JSON_KIND = {
 }
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Tensor:
     """One tensor, flattened row-major. BYTES elements are `bytes`."""

@@ -41,6 +41,7 @@ from protocols.kserve_v2.sampling import Knobs, read_knobs, to_bool, to_knobs
 from protocols.kserve_v2.schema import InferInput, InferRequest, RequestedOutput
 from protocols.kserve_v2.tensors import Tensor
 from server.core.errors import AdapterNotFound, InvalidRequest, Unsupported
+from server.core.frozen import quick_init
 from server.core.types import (
     Choice,
     Delta,
@@ -65,6 +66,7 @@ Route = Literal["infer", "generate", "generate_stream"]
 
 
 # ---- the request side --------------------------------------------------------------------------
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Target:
     """Who a request is for and under which limits (built by the route from the service)."""
@@ -78,6 +80,7 @@ class Target:
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TextCall:
     request: GenerationRequest

@@ -22,6 +22,7 @@ from typing import Any
 from protocols.common.budget import VLLM_REFUSES
 from protocols.mindie.schema import InferParameters, InferRequest, VllmGenerateRequest
 from server.core.errors import InvalidRequest, Unsupported
+from server.core.frozen import quick_init
 from server.core.sampling import omitted_fields, with_model_defaults
 from server.core.types import (
     Delta,
@@ -118,6 +119,7 @@ def _token_input(value: Any) -> tuple[int, ...]:
     return tuple(value)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InferPlan:
     request: GenerationRequest

@@ -21,6 +21,7 @@ from protocols.openai_v1.replies import (
 )
 from protocols.openai_v1.requests import message_text
 from server.core.engine import OutputParser
+from server.core.frozen import quick_init
 from server.core.types import (
     Choice,
     Delta,
@@ -40,6 +41,7 @@ def _no_parser() -> OutputParser | None:
     return None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChatView:
     """How one chat request wants its answer rendered. `parser` makes a fresh output parser

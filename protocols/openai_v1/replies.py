@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocols.openai_v1 import schema
+from server.core.frozen import quick_init
 from server.core.types import Started, Usage
 from server.http import jsonio
 from server.http.streaming import sse_event
@@ -20,6 +21,7 @@ JSON = dict[str, Any]
 MIN_LOGPROB = -9999.0  # vLLM clamps -inf to this so the JSON stays valid
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplyMeta:
     """What every body and chunk of one response repeats."""
@@ -29,6 +31,7 @@ class ReplyMeta:
     model: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamUsage:
     include: bool = False

@@ -21,6 +21,7 @@ from protocols.common.sse import TokenEventStream
 from protocols.tgi import errors, translate
 from protocols.tgi.schema import GenerateRequest
 from server.core.errors import AdapterNotFound
+from server.core.frozen import quick_init
 from server.core.types import Delta, GenerationEvent, GenerationRequest, Started
 from server.http.body import decode_json, json_response, parse_model, read_body, request_id_header
 from server.http.context import ProtocolContext, current_request_id, options_of
@@ -41,6 +42,7 @@ class TgiOptions:
     tgi_compat: bool = False
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Prepared:
     body: GenerateRequest

@@ -27,6 +27,7 @@ from protocols.tgi.schema import GenerateRequest, Parameters
 from server.core.budget import Ask, BudgetPolicy, BudgetWords, Overflow
 from server.core.composition import merge_from_wire
 from server.core.errors import GatewayError, InvalidRequest, Unsupported
+from server.core.frozen import quick_init
 from server.core.sampling import omitted_fields, with_model_defaults
 from server.core.types import (
     AdapterMerge,
@@ -56,6 +57,7 @@ NO_DEFAULTS = SamplingDefaults()
 DEFAULTED = ("temperature", "top_p", "top_k", "repetition_penalty", "frequency_penalty")
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
     max_input_tokens: int
@@ -78,6 +80,7 @@ class Limits:
         )
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
     """A validated TGI request, before its prompt is tokenized."""
@@ -357,6 +360,7 @@ def prefill(started: Started, texts: Sequence[str]) -> list[dict[str, Any]]:
     return out
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Rendering:
     """What the response needs besides the result: the plan, EOS id and prompt token texts."""

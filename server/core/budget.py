@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from server.core.errors import ContextLengthExceeded, GatewayError, InvalidRequest
+from server.core.frozen import quick_init
 
 
 class Overflow(Enum):
@@ -22,6 +23,7 @@ class Overflow(Enum):
     CUT = "cut"  # cut to the room; only a limit beyond the whole context is refused
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Ask:
     """What a refusal is about: the prompt's tokens (after truncation), the context length and
@@ -79,6 +81,7 @@ class BudgetPolicy:
 REFUSE = BudgetPolicy()
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Budget:
     """The decision: keep the last `keep` prompt tokens; generate at most `max_tokens`."""

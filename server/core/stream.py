@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from server.core.errors import DeadlineExceeded, GatewayError
+from server.core.frozen import quick_init
 from server.core.overhead import engine_wait_var
 from server.core.timers import DelayQueue
 from server.core.types import (
@@ -29,6 +30,7 @@ from server.core.types import (
 )
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Timing:
     """How long one admitted request took, measured from admission."""

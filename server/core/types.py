@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from server.core.budget import REFUSE, BudgetPolicy
+from server.core.frozen import quick_init
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +31,7 @@ class StructuredOutput:
     fit_budget: bool = False
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Sampling:
     """Sampling knobs, already validated by the protocol that produced them.
@@ -64,6 +66,7 @@ class Sampling:
     budget: BudgetPolicy = REFUSE  # the protocol's prompt budget rules and words (core/budget.py)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OutputOptions:
     """What the client wants back besides text."""
@@ -84,6 +87,7 @@ class ToolCall:
     arguments: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: str
@@ -94,12 +98,14 @@ class ChatMessage:
     reasoning: str | None = None  # an assistant turn's reasoning, for templates that show it
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TextPrompt:
     text: str
     add_special_tokens: bool = True
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChatPrompt:
     messages: tuple[ChatMessage, ...]
@@ -146,6 +152,7 @@ class AdapterMerge:
     majority_sign_method: str = "total"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GenerationRequest:
     """One generation, whatever protocol asked for it.
@@ -184,6 +191,7 @@ class TopLogprob:
     rank: int | None = None  # 1 = the most likely token
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TokenLogprob:
     token_id: int
@@ -193,6 +201,7 @@ class TokenLogprob:
     rank: int | None = None  # 1 = the most likely token
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Started:
     """What the engine made of a prompt: first event of every request. In a batch every
@@ -205,6 +214,7 @@ class Started:
     max_tokens: int | None = None  # the output limit the prompt budget set (server/core/budget.py)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Delta:
     """New output for one choice. `text` may be "" while a multi-byte character is incomplete.
@@ -222,6 +232,7 @@ class Delta:
     matched_stop: str | int | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Usage:
     prompt_tokens: int
@@ -232,6 +243,7 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TokenTiming:
     """When an engine that delivered a request's output in one piece produced its tokens:
@@ -241,6 +253,7 @@ class TokenTiming:
     decode_s: float
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Done:
     usage: Usage
@@ -250,6 +263,7 @@ class Done:
 GenerationEvent = Started | Delta | Done
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Choice:
     index: int
@@ -260,6 +274,7 @@ class Choice:
     matched_stop: str | int | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GenerationResult:
     request_id: str
@@ -308,6 +323,7 @@ class ToolCallPiece:
     arguments: str = ""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParsedOutput:
     """Model text split by the output parsers: reasoning, content (None when there is none) and

@@ -105,6 +105,7 @@ class ListenerApp:
         if rid and len(rid) <= MAX_REQUEST_ID:
             scope[CLIENT_ID_KEY] = rid
         else:
+            scope[CLIENT_ID_KEY] = None  # looked at: routes need not read the headers again
             rid = new_request_id()
         token = request_id_var.set(rid)
         note = access_note_var.set(AccessNote()) if self._notes else None

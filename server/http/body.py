@@ -136,8 +136,9 @@ def json_response(
 def request_id_header(request: Request) -> str | None:
     """The client's `X-Request-Id`, if it gave a usable one (the listener app then serves the
     request under it); None otherwise."""
-    if CLIENT_ID_KEY in request.scope:
-        given: str = request.scope[CLIENT_ID_KEY]
+    scope = request.scope
+    if CLIENT_ID_KEY in scope:  # the listener app read the header already (None: no usable one)
+        given: str | None = scope[CLIENT_ID_KEY]
         return given
     value = request.headers.get("x-request-id")
     return value if value and len(value) <= MAX_REQUEST_ID else None

@@ -65,7 +65,7 @@ BODY_KEY = "gateway.body"  # set when a shared path's dispatcher already read th
 BODY_ERROR_KEY = "gateway.body_error"  # the error reading it raised, for the route to report
 ADMIN_KEY = "gateway.admin"  # whether the caller holds an admin key; absent without keys
 OWNER_KEY = "gateway.owner"  # the protocol a shared path's dispatcher chose, for the metrics
-CLIENT_ID_KEY = "gateway.client_id"  # the client's usable X-Request-Id, when it sent one
+CLIENT_ID_KEY = "gateway.client_id"  # the client's usable X-Request-Id, else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

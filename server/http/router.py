@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 
 from server.core.errors import EngineError, GatewayError
+from server.core.frozen import quick_init
 from server.http import jsonio
 from server.http.body import read_body
 from server.http.context import BODY_ERROR_KEY, BODY_KEY, OWNER_KEY
@@ -43,6 +44,7 @@ class Entry:
     render: Render
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Resolution:
     """`entry` with its path parameters; or, when only the method differs, a route of that

@@ -421,6 +421,21 @@ def lines_of(encoder: responses.StreamEncoder) -> list[bytes]:
     return first + last
 
 
+@pytest.mark.parametrize("legacy", [False, True])
+def test_encode_writes_what_lines_write(legacy: bool) -> None:
+    """`encode` (one token without the generator) and `lines` agree on every delta shape."""
+    deltas = [
+        Delta(choice=0, text="ab", token_ids=(1, 2)),
+        Delta(choice=0, text="c", token_ids=(3,),
+              logprobs=(TokenLogprob(token_id=3, token="c", logprob=-0.25),)),
+        Delta(choice=0, text="", token_ids=()),
+        Delta(choice=0, text="d", token_ids=(4,), finish=FinishReason.STOP),
+    ]
+    by_lines, by_encode = stream(legacy, details=True), stream(legacy, details=True)
+    for delta in deltas:
+        assert by_encode.encode(delta) == b"".join(by_lines.lines(delta))
+
+
 def test_async_stream_lines_carry_index_logprob_and_nulls_until_the_end() -> None:
     """request_response_utils.py convert_completion_chunk_response_to_lmi_schema."""
     raw = lines_of(stream(False, details=True, seed=4, return_full_text=True))
