@@ -132,7 +132,9 @@ def build_gateway(
         ),
     )
     limits = service_limits(settings)
-    admission = Admission(limits, prefetch=Prefetcher(adapters))
+    admission = Admission(
+        limits, prefetch=Prefetcher(adapters), resident=held_adapters_pass(settings, adapters)
+    )
     registry = CollectorRegistry()
     metrics = GatewayMetrics(
         registry,
@@ -389,6 +391,18 @@ def service_limits(settings: Settings) -> Limits:
         # the next adapters in line, in the cached places the active ones leave
         prefetch=max(0, min(active, cached - active)) if active else 0,
     )
+
+
+def held_adapters_pass(settings: Settings, adapters: AdapterRegistry) -> Callable[[str], bool]:
+    """Which adapters admission lets past full adapter slots: those the engine holds, when the
+    slots stand for the engine's cached places (the default); none with fewer slots (then the
+    point is that the engine never queues a request of an adapter beyond them)."""
+    active, cached = active_adapters(settings)
+    return adapters.is_resident if active >= cached else _never
+
+
+def _never(name: str) -> bool:
+    return False
 
 
 def active_adapters(settings: Settings) -> tuple[int, int]:

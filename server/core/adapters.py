@@ -158,6 +158,12 @@ class AdapterRegistry:
         """Folder adapters that were refused, with the reason (shown by describe)."""
         return self._catalog.failures()
 
+    def is_resident(self, name: str) -> bool:
+        """Whether the engine holds the adapter `name` (an alias, or any name) now, as far as
+        this registry knows (another worker's: as of the owner's last view)."""
+        record = self._catalog.by_name.get(self._catalog.canonical(name))
+        return record is not None and record.resident
+
     def canonical(self, name: str) -> str:
         """The adapter name an alias stands for; any other name as given (even unknown)."""
         return self._catalog.canonical(name)

@@ -29,7 +29,11 @@ arrival order). So an adapter's request waits for at most a cycle and then
 `ceil(overdue adapters ahead / slots)` more (each a cycle plus the drain of the running
 requests), however hot the others are, and the engine never holds
 more adapters than it has cached places (which would leave requests waiting in the registry
-for a place, in no order). With no more adapters than slots nothing changes.
+for a place, in no order). An adapter the engine holds already (`resident`; the gateway asks the
+registry when the slots stand for the engine's cached places, the default) is admitted beyond
+the slots, since it takes no place from anyone, unless an adapter waited a
+cycle for a slot: then nothing new passes until the slots drained to it. With no more adapters
+than slots nothing changes.
 
 Why the default is the engine's cached places (`maxCpuLoras`), not its `maxLoras`: vLLM runs
 at most `max_loras` distinct adapters per step and leaves the others' requests in its own
@@ -112,10 +116,13 @@ class Admission:
     def __init__(
         self, limits: Limits, prefetch: Callable[[str], Awaitable[bool]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        resident: Callable[[str], bool] = lambda key: False,
     ) -> None:
         """`prefetch(key)`: load adapter `key` now, its turn is near (with adapter slots);
-        False: no room yet, ask again at the next change."""
+        False: no room yet, ask again at the next change. `resident(key)`: whether the engine
+        holds adapter `key` now."""
         self._limits = limits
+        self._resident = resident
         self._clock = clock
         self._prefetch = prefetch if limits.adapter_slots and limits.prefetch else None
         # key -> its waiters, oldest first; the dict's order is the turn order (next first)
@@ -229,7 +236,19 @@ class Admission:
         slot = self._slots.get(key)
         if slot is not None:
             return not self._closing(slot, now)
-        return len(self._slots) < self._limits.adapter_slots
+        if len(self._slots) < self._limits.adapter_slots:
+            return True
+        # the engine holds it already: admitting it takes no cached place from anyone, unless
+        # an adapter waited a cycle for a slot (then the slots must drain to it)
+        return self._resident(key) and not self._overdue(now)
+
+    def _overdue(self, now: float) -> bool:
+        """An adapter without a slot waited a cycle for one."""
+        cycle = self._limits.cycle_s
+        return any(
+            k != BASE and k not in self._slots and now - queue[0].since >= cycle
+            for k, queue in self._queues.items()
+        )
 
     def _closing(self, slot: _AdapterSlot, now: float) -> bool:
         """The adapter had its cycle and another adapter waits for a slot."""

@@ -24,7 +24,7 @@ T = TypeVar("T")
 # read the registry's own state, never change it, never wait (a mirror answers them from its view)
 QUERIES = frozenset({
     "names", "records", "merged_records", "is_merged", "paths_in_use", "get", "resolve", "found",
-    "failures", "canonical", "aliases", "snapshots", "view", "show",
+    "failures", "canonical", "aliases", "snapshots", "view", "show", "is_resident",
 })
 COMPOSED = frozenset({"acquire_merged", "watch_folders"})  # call only commands
 PORT = frozenset({"run", "execute", "release"})  # the command entry, its table, the lease's end

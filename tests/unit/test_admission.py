@@ -323,3 +323,22 @@ async def test_a_free_slot_goes_to_an_adapter_that_waited_a_cycle_else_to_the_mo
     assert admission.active_adapters() == ["b"] and not any(t.done() for t in later)
     admission.release(1, "b")
     await asyncio.wait_for(asyncio.gather(*later), 1)
+
+
+async def test_an_adapter_the_engine_holds_passes_full_slots_until_another_waited_a_cycle(
+) -> None:
+    clock = Clock()
+    admission = Admission(Limits(max_concurrent=64, adapter_slots=1, cycle_s=1.0), clock=clock,
+                          resident=lambda key: key == "held")
+    await admission.acquire(1, "a")
+    await asyncio.wait_for(admission.acquire(1, "held"), 1)  # loaded in the engine: no place taken
+    cold = await started(admission, "cold")
+    await asyncio.wait_for(admission.acquire(1, "held"), 1)
+    clock.now = 1.5  # "cold" waited a cycle: nothing new passes until the slots drain to it
+    late = await started(admission, "held")
+    admission.release(1, "a")
+    assert not cold.done()  # "held" still runs two
+    admission.release(2, "held")
+    await asyncio.wait_for(cold, 1)  # first the adapter that waited, then "held" again
+    await asyncio.wait_for(late, 1)
+    assert admission.active_adapters() == ["cold", "held"]
