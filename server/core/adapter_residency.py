@@ -196,14 +196,17 @@ class AdapterResidency:
         return max(min(oldest + self.limits.settle_s - time.monotonic(), SETTLE_POLL_S), 0.001)
 
     async def _evict(self, victim: AdapterRecord) -> None:
-        try:
-            await self._engine.remove_adapter(victim.handle)
-        except GatewayError:
-            logger.warning("the engine failed to remove adapter %s", victim.name, exc_info=True)
+        # not resident before the engine is asked: a request arriving meanwhile must not get the
+        # handle (the engine would read the adapter back inside a step, evicting what its own
+        # LRU picks, a pinned adapter included), it waits for the lock and loads it again
         for record in self._catalog.all_records():
             if record.handle.int_id == victim.handle.int_id and record.resident:
                 record.resident = False
                 record.evictions += 1
+        try:
+            await self._engine.remove_adapter(victim.handle)
+        except GatewayError:
+            logger.warning("the engine failed to remove adapter %s", victim.name, exc_info=True)
         if victim.removed:
             self._catalog.retired = [r for r in self._catalog.retired if r is not victim]
 

@@ -21,7 +21,7 @@ from server.core.errors import (
     LoraDisabled,
     Overloaded,
 )
-from server.core.types import GenerationRequest, Sampling, TextPrompt
+from server.core.types import AdapterHandle, GenerationRequest, Sampling, TextPrompt
 from server.engines.fake import FakeEngine, FakeScript
 from tests.unit.demo_kit import SHAPE, write_adapter
 
@@ -218,6 +218,36 @@ async def test_least_recently_used_idle_adapter_is_evicted_and_reloaded(root: Pa
     assert names_in_engine(engine) == {"a2", "a3"}
     a2 = registry.get("a2")
     assert (a2.loads, a2.evictions) == (2, 1)
+
+
+async def test_a_request_during_an_eviction_waits_and_loads_the_adapter_again(
+    root: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engine never gets a request for an adapter it is being asked to remove (it would read
+    the adapter back inside a step, evicting whatever its own LRU picks)."""
+    registry, engine = make_registry(root, max_cpu_loras=2)
+    for name in ("a1", "a2", "a3"):
+        await registry.register(name, str(root / name), preload=False)
+    await use(registry, "a1")
+    await use(registry, "a2")
+    removing, done = asyncio.Event(), asyncio.Event()
+    remove = engine.remove_adapter
+
+    async def slow_remove(handle: AdapterHandle) -> None:
+        removing.set()
+        await done.wait()
+        await remove(handle)
+
+    monkeypatch.setattr(engine, "remove_adapter", slow_remove)
+    cold = asyncio.create_task(registry.acquire("a3"))  # evicts a1, the least recently used
+    await removing.wait()
+    again = asyncio.create_task(registry.acquire("a1"))
+    await asyncio.sleep(0.01)
+    assert not again.done()  # not handed out while the engine removes it
+    done.set()
+    registry.release(await cold)
+    registry.release(await again)
+    assert "a1" in names_in_engine(engine) and registry.get("a1").loads == 2
 
 
 async def test_pinned_adapter_is_never_evicted(root: Path) -> None:
