@@ -236,7 +236,7 @@ class Admission:
         slot = self._slots.get(key)
         if slot is not None:
             return not self._closing(slot, now)
-        if len(self._slots) < self._limits.adapter_slots:
+        if self._slot_free():
             return True
         # the engine holds it already: admitting it takes no cached place from anyone, unless
         # an adapter waited a cycle for a slot (then the slots must drain to it)
@@ -294,9 +294,12 @@ class Admission:
         if not keys:
             return None
         key = keys[0] if self._limits.fair else min(keys, key=lambda k: self._queues[k][0].order)
-        if key != BASE and self._limits.adapter_slots and key not in self._slots:
-            return self._waiting_adapters(now)[0]  # a free slot: which adapter takes it
-        return key
+        if key != BASE and key not in self._slots and self._slot_free():
+            return self._waiting_adapters(now)[0]  # which adapter takes the free slot
+        return key  # without a free slot, an adapter the engine holds passes (`_may_start`)
+
+    def _slot_free(self) -> bool:
+        return len(self._slots) < self._limits.adapter_slots
 
     def _fits(self, count: int) -> bool:
         return self.running + count <= self._limits.max_concurrent or self.running == 0

@@ -342,3 +342,17 @@ async def test_an_adapter_the_engine_holds_passes_full_slots_until_another_waite
     await asyncio.wait_for(cold, 1)  # first the adapter that waited, then "held" again
     await asyncio.wait_for(late, 1)
     assert admission.active_adapters() == ["cold", "held"]
+
+
+async def test_a_held_adapter_passing_full_slots_never_lets_another_adapter_through() -> None:
+    admission = Admission(
+        Limits(max_concurrent=2, adapter_slots=1), resident=lambda key: key == "held"
+    )
+    await admission.acquire(1, "a")
+    await admission.acquire(1, "")
+    cold = await started(admission, "cold")  # no slot free
+    held = await started(admission, "held")  # no admission slot free
+    admission.release(1, "")  # one admission slot: only "held" may take it
+    await asyncio.wait_for(held, 1)
+    assert admission.active_adapters() == ["a", "held"] and not cold.done()
+    cold.cancel()
