@@ -61,7 +61,7 @@ import asyncio
 import itertools
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -142,18 +142,19 @@ class Admission:
     async def acquire(self, count: int = 1, key: str = BASE) -> None:
         """Take `count` slots for a request on adapter `key` ("" = the base model), waiting
         for its turn in the queue. Raises `Overloaded`."""
-        if self._fits(count) and self._may_start(key, now := self._clock()) and (
+        now = self._clock()
+        if self._fits(count) and self._may_start(key, now) and (
             not self._queues or self._next_key(now) is None  # nobody it may overtake waits
         ):
-            self._grant(key, count)
+            self._grant(key, count, now)
             return
         if self.waiting + count > self._limits.max_queue:
             raise Overloaded(retry_after_s=self._limits.retry_after_s)
-        waiter = _Waiter(count, next(self._arrivals), self._clock())
+        waiter = _Waiter(count, next(self._arrivals), now)
         self._queues.setdefault(key, deque()).append(waiter)
         self.waiting += count
         self._changed(key)
-        self._prefetch_next()
+        self._prefetch_next(now)
         try:
             await asyncio.wait_for(asyncio.shield(waiter.granted), self._limits.queue_timeout_s)
         except BaseException as exc:
@@ -199,16 +200,17 @@ class Admission:
             if queue:
                 self._queues[key] = queue  # to the end of the turn order
             self.waiting -= head.count
-            self._grant(key, head.count, waited_since=head.since)
+            self._grant(key, head.count, now, waited_since=head.since)
             head.granted.set_result(None)
             self._changed(key)
-        self._prefetch_next()
+        self._prefetch_next(now)
 
-    def _grant(self, key: str, count: int, waited_since: float | None = None) -> None:
+    def _grant(
+        self, key: str, count: int, now: float, waited_since: float | None = None
+    ) -> None:
         self.running += count
         if key == BASE:
             return
-        now = self._clock()
         if self._limits.adapter_slots:
             slot = self._slots.get(key)
             if slot is None:
@@ -242,38 +244,39 @@ class Admission:
         # an adapter waited a cycle for a slot (then the slots must drain to it)
         return self._resident(key) and not self._overdue(now)
 
+    def _slotless(self) -> Iterator[str]:
+        """Adapter keys with waiters and no slot, in turn order."""
+        return (k for k in self._queues if k != BASE and k not in self._slots)
+
+    def _waited_a_cycle(self, key: str, now: float) -> bool:
+        return now - self._queues[key][0].since >= self._limits.cycle_s
+
     def _overdue(self, now: float) -> bool:
         """An adapter without a slot waited a cycle for one."""
-        cycle = self._limits.cycle_s
-        return any(
-            k != BASE and k not in self._slots and now - queue[0].since >= cycle
-            for k, queue in self._queues.items()
-        )
+        return any(self._waited_a_cycle(k, now) for k in self._slotless())
 
     def _closing(self, slot: _AdapterSlot, now: float) -> bool:
         """The adapter had its cycle and another adapter waits for a slot."""
-        return now - slot.since >= self._limits.cycle_s and any(
-            k != BASE and k not in self._slots for k in self._queues
-        )
+        return now - slot.since >= self._limits.cycle_s and any(True for _ in self._slotless())
 
     def _waiting_adapters(self, now: float) -> list[str]:
         """Adapter keys with waiters and no slot, in the order they take a free slot: those
         whose oldest request waited a cycle, oldest first; then the most requests waiting first
         (one load serves them all, one slot runs them together), in turn order among equals."""
-        waiting = [k for k in self._queues if k != BASE and k not in self._slots]
+        waiting = list(self._slotless())
         overdue = sorted(
-            (k for k in waiting if now - self._queues[k][0].since >= self._limits.cycle_s),
+            (k for k in waiting if self._waited_a_cycle(k, now)),
             key=lambda k: self._queues[k][0].since,
         )
         due = set(overdue)
         rest = sorted((k for k in waiting if k not in due), key=lambda k: -len(self._queues[k]))
         return overdue + rest
 
-    def _prefetch_next(self) -> None:
+    def _prefetch_next(self, now: float) -> None:
         """Ask for the next waiting adapters to be loaded ahead of their turn (once each)."""
         if self._prefetch is None:
             return
-        for key in self._waiting_adapters(self._clock())[: self._limits.prefetch]:
+        for key in self._waiting_adapters(now)[: self._limits.prefetch]:
             if key not in self._prefetched:
                 self._prefetched.add(key)
                 task = asyncio.get_running_loop().create_task(self._load_ahead(self._prefetch, key))
