@@ -145,36 +145,38 @@ def _common(y: Any, weights_b: Any) -> int:
 
 
 def _stacked(torch: Any, lora_a_stacked: tuple[Any, ...]) -> Any:
-    """The slices' A weights side by side (slots x 1 x slices * rank x in), made once per
-    contents and kept on the first slice's tensor: vLLM writes an adapter's weights into these
-    tensors in place (`copy_`, which moves their version), so the tensors and their versions
-    name the contents."""
+    """The slices' A weights side by side (slots x 1 x slices * rank x in)."""
     if len(lora_a_stacked) == 1:
         return lora_a_stacked[0]
-    key = tuple((id(a), a._version) for a in lora_a_stacked)
-    first = lora_a_stacked[0]
-    made = first.__dict__.get(_STACKED)
-    if made is None or made[0] != key:
-        made = first.__dict__[_STACKED] = (key, torch.cat(lora_a_stacked, dim=-2))
-    return made[1]
+    return _kept(lora_a_stacked, lambda: torch.cat(lora_a_stacked, dim=-2))
 
 
 def _block_diagonal(torch: Any, lora_b_stacked: tuple[Any, ...], rank: int) -> Any:
     """The slices' B weights as one block-diagonal B per slot (slots x 1 x total width x slices *
     rank): slice i's outputs read only slice i's part of the shrunk row, so one product
-    expands every slice. Kept on the first slice's tensor like `_stacked`."""
-    key = tuple((id(b), b._version) for b in lora_b_stacked)
-    first = lora_b_stacked[0]
-    made = first.__dict__.get(_STACKED)
-    if made is None or made[0] != key:
-        slots = first.shape[0]
+    expands every slice."""
+
+    def make() -> Any:
+        first = lora_b_stacked[0]
         widths = [int(b.shape[2]) for b in lora_b_stacked]
-        block = first.new_zeros(slots, 1, sum(widths), rank * len(widths))
+        block = first.new_zeros(first.shape[0], 1, sum(widths), rank * len(widths))
         offset = 0
         for index, (b, width) in enumerate(zip(lora_b_stacked, widths, strict=True)):
             block[:, :, offset : offset + width, index * rank : (index + 1) * rank] = b
             offset += width
-        made = first.__dict__[_STACKED] = (key, block)
+        return block
+
+    return _kept(lora_b_stacked, make)
+
+
+def _kept(tensors: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+    """`make()` from `tensors`, made once per contents and kept on the first tensor: vLLM writes
+    an adapter's weights into these tensors in place (`copy_`, which moves their version), so
+    the tensors and their versions name the contents."""
+    key = tuple((id(t), t._version) for t in tensors)
+    made = tensors[0].__dict__.get(_KEPT)
+    if made is None or made[0] != key:
+        made = tensors[0].__dict__[_KEPT] = (key, make())
     return made[1]
 
 
@@ -309,7 +311,7 @@ def _plain_expand(
 _STALE = "_gateway_prefill_metadata_stale"
 _ROWS = "_gateway_step_rows"  # (token rows, sampled rows) of the step fast_update_metadata set
 _TOKENS, _SAMPLED = 0, 1
-_STACKED = "_gateway_stacked"  # on a layer's first A tensor: (its slices' contents, side by side)
+_KEPT = "_gateway_kept"  # on a layer's first A or B tensor: (its slices' contents, what _kept made)
 _ORIGINAL: dict[str, Callable[..., None]] = {}  # vLLM's own methods, by name
 _FUSED: dict[str, Callable[..., None]] = {
     "update_metadata": fast_update_metadata,
