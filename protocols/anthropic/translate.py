@@ -330,9 +330,17 @@ class MessageStreamEncoder:
         self._call_blocks: dict[int, int] = {}  # tool-call index → its block's index
         self._finish = FinishReason.STOP
         self._matched: str | int | None = None
+        # a reader that passes text through as content: deltas need no parsing
+        self._plain = reader.passes_text
+        self._text_head: bytes | None = None  # the open text block's delta event, up to its text
 
     def encode(self, item: GenerationEvent) -> bytes:
         if isinstance(item, Delta):
+            head = self._text_head
+            if head is not None and item.finish is None:  # a text block is open: most deltas
+                if not item.text:
+                    return b""
+                return b"".join((head, jsonio.dumps_scalar(item.text), b"}}\n\n"))
             return self._delta(item)
         if isinstance(item, Started):
             return self._start(item)
@@ -397,6 +405,11 @@ class MessageStreamEncoder:
         index = self._blocks
         self._blocks += 1
         self._open = kind
+        if kind == "text" and self._plain:
+            self._text_head = b"".join((
+                b'event: content_block_delta\ndata: {"type":"content_block_delta","index":',
+                str(index).encode(), b',"delta":{"type":"text_delta","text":',
+            ))
         return event(
             "content_block_start",
             {"type": "content_block_start", "index": index, "content_block": block},
@@ -408,6 +421,7 @@ class MessageStreamEncoder:
         )
 
     def _close(self) -> bytes:
+        self._text_head = None
         if self._open is None:
             return b""
         index = self._blocks - 1

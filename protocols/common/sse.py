@@ -16,15 +16,12 @@ from server.http.streaming import sse_event
 class TokenEventStream:
     """A `StreamFormat` writing each token of a delta as one SSE event.
 
-    A subclass gives `plain` (the serialised event of a plain one-token delta, built without its
-    dict: most events of a stream; None for any other delta) and `events` (the event dicts of
-    any delta), and may handle the other events in `other`."""
+    A subclass gives `events` (the event dicts of any delta) and may handle the other events in
+    `other`. Its `encode` usually answers the plain one-token deltas of a stream (most events)
+    itself, as bytes from a template, and hands the rest to `general`."""
 
     def __init__(self, stream_error: Callable[[GatewayError], bytes]) -> None:
         self._stream_error = stream_error
-
-    def plain(self, delta: Delta) -> bytes | None:
-        raise NotImplementedError
 
     def events(self, delta: Delta) -> Sequence[dict[str, Any]]:
         raise NotImplementedError
@@ -36,10 +33,11 @@ class TokenEventStream:
     def encode(self, event: GenerationEvent) -> bytes:
         if not isinstance(event, Delta):
             return self.other(event)
-        plain = self.plain(event)
-        if plain is not None:
-            return sse_event(plain)
-        events = self.events(event)
+        return self.general(event)
+
+    def general(self, delta: Delta) -> bytes:
+        """Any delta, through its event dicts."""
+        events = self.events(delta)
         if len(events) == 1:  # one token per delta, as a rule
             return sse_event(jsonio.dumps(events[0]))
         return b"".join([sse_event(jsonio.dumps(e)) for e in events])

@@ -185,6 +185,12 @@ class ChoiceReader:
 
     # -- streamed answers --
 
+    @property
+    def passes_text(self) -> bool:
+        """`piece` gives a delta's text as the content, nothing else (no parser, no forced
+        call): a stream may skip it for deltas with text."""
+        return self._parser is None and not self._plan.forced
+
     def piece(
         self,
         text: str,

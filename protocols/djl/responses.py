@@ -157,13 +157,23 @@ class StreamEncoder:
         self._input_length = len(event.prompt_token_ids)
 
     def encode(self, delta: Delta) -> bytes:
-        """The lines of one delta; one token (the usual delta) without the generator."""
+        """The lines of one delta; one token (the usual delta) without the generator, and
+        without a dict unless it ends the stream."""
         ids = delta.token_ids
         if len(ids) != 1:
             return b"".join(self.lines(delta))
         entry = delta.logprobs[0] if delta.logprobs else None
         self._parts.append(delta.text)
         self._count += 1
+        if delta.finish is None:
+            legacy = self._plan.legacy
+            return b"".join((
+                b'{"token":{"id":' if legacy else b'{"index":%d,"token":{"id":' % delta.choice,
+                str(ids[0]).encode(), b',"text":', jsonio.dumps_scalar(delta.text),
+                b',"log_prob":' if legacy else b',"logprob":',
+                b"null" if entry is None else jsonio.dumps_scalar(entry.logprob),
+                b"}}\n" if legacy else b'},"generated_text":null,"details":null}\n',
+            ))
         tok = token(ids[0], delta.text, entry.logprob if entry else None, legacy=self._plan.legacy)
         return self._line(tok, delta if delta.finish is not None else None, delta.choice)
 

@@ -46,7 +46,7 @@ from protocols.kserve_v2.translate import (
 )
 from server.core.collect import collect, fold
 from server.core.errors import GatewayError
-from server.core.types import GenerationEvent, GenerationRequest, GenerationResult
+from server.core.types import Delta, GenerationEvent, GenerationRequest, GenerationResult
 from server.http import jsonio
 from server.http.body import (
     decode_json,
@@ -248,6 +248,10 @@ class _Deltas:
         self._folder = folder
 
     def encode(self, event: GenerationEvent) -> bytes:
+        if type(event) is Delta:
+            frame = self._folder.plain_frame(event, b"data: ", b"\n\n")
+            if frame is not None:
+                return frame
         payload = self._folder.fold(event)
         return b"" if payload is None else sse_event(jsonio.dumps(payload))
 

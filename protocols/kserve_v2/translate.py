@@ -543,6 +543,13 @@ def generate_body(
     return body
 
 
+def _text_output_head(header: Mapping[str, Any]) -> bytes:
+    """`{<header fields>,"text_output":` as `jsonio.dumps` writes the event's start."""
+    if not header:
+        return b'{"text_output":'
+    return jsonio.dumps(header)[:-1] + b',"text_output":'
+
+
 def _details(reason: str, generated: int) -> dict[str, Any]:
     """MindIE's `details` (timings are not measured per request here)."""
     return {"finish_reason": reason, "generated_tokens": generated,
@@ -567,6 +574,24 @@ class StreamFolder:
         self._cumulative = 0.0
         self._reason = "abort"
         self._finished = False
+        # the bytes before `text_output`'s value when a delta that ends nothing has no extras
+        plain = all(name == "finish_reason" for name in call.extras) and not (
+            {"text_output", "done"} & self._header.keys()
+        )
+        self._plain_head = _text_output_head(self._header) if plain else None
+
+    def plain_frame(self, delta: Delta, head: bytes, tail: bytes) -> bytes | None:
+        """The serialised event of a delta that ends nothing, when no extra output goes on it
+        (most events of a stream), between `head` and `tail`; byte for byte what `fold` gives
+        serialised. None for any other delta, or an empty one."""
+        prefix = self._plain_head
+        if prefix is None or delta.finish is not None or not (delta.text or delta.token_ids):
+            return None
+        self._finished = False
+        self._generated += len(delta.token_ids)
+        if delta.logprobs:
+            self._cumulative += _cumulative(delta.logprobs)
+        return b"".join((head, prefix, jsonio.dumps_scalar(delta.text), b',"done":false}', tail))
 
     def fold(self, event: GenerationEvent) -> dict[str, Any] | None:
         if isinstance(event, Delta):

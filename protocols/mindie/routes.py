@@ -53,9 +53,12 @@ class _InferEvents(TokenEventStream):
         )
         self._now = started_at
 
-    def plain(self, delta: Delta) -> bytes | None:
-        self._now = time.perf_counter()  # the delta's time, for `events` too
-        return self._encoder.plain_event(delta, self._now)
+    def encode(self, event: GenerationEvent) -> bytes:
+        if type(event) is Delta:
+            self._now = now = time.perf_counter()  # the delta's time, for `events` too
+            frame = self._encoder.plain_frame(event, now, b"data: ", b"\n\n")
+            return self.general(event) if frame is None else frame
+        return super().encode(event)
 
     def events(self, delta: Delta) -> list[dict[str, Any]]:
         return self._encoder.events(delta, self._now)

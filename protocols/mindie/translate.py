@@ -235,6 +235,11 @@ def to_infer_response(result: GenerationResult, plan: InferPlan) -> dict[str, An
     return body
 
 
+_PREFILL = b'{"prefill_time":'
+_NO_DECODE = b',"decode_time":null'
+_DECODE = b'{"prefill_time":null,"decode_time":'
+
+
 class InferStreamEncoder:
     """`/infer` stream events: one per token with `prefill_time` (first) or `decode_time` (ms);
     the last token's event instead carries `generated_text`, `details` and a null token text."""
@@ -254,22 +259,24 @@ class InferStreamEncoder:
         """The serialised event of a one-token delta that ends nothing (most events of a
         stream), without building its dict; byte for byte what `events` gives serialised.
         None for any other delta."""
+        return self.plain_frame(delta, now, b"", b"")
+
+    def plain_frame(self, delta: Delta, now: float, head: bytes, tail: bytes) -> bytes | None:
+        """`plain_event` between `head` and `tail` (the stream's framing), in one join."""
         if delta.finish is not None or len(delta.token_ids) != 1:
             return None
         token_id = delta.token_ids[0]
         self._parts.append(delta.text)
-        elapsed = round((now - self._last_at) * 1000.0, 3)
+        # round(ms, 3) as `.3f` formats it: the same correctly rounded value, for less
+        ms = jsonio.dumps_scalar(float(f"{(now - self._last_at) * 1000.0:.3f}"))
         self._last_at = now
         self._last_id = token_id
         first = self._count == 0
         self._count += 1
-        ms = jsonio.dumps(elapsed)
-        times = b'"prefill_time":' + ms + b',"decode_time":null' if first else (
-            b'"prefill_time":null,"decode_time":' + ms
-        )
         return b"".join((
-            b"{", times, b',"token":{"id":', str(token_id).encode(), b',"text":',
-            jsonio.dumps(delta.text), b"}}",
+            head, _PREFILL if first else _DECODE, ms, _NO_DECODE if first else b"",
+            b',"token":{"id":', str(token_id).encode(), b',"text":',
+            jsonio.dumps_scalar(delta.text), b"}}", tail,
         ))
 
     def events(self, delta: Delta, now: float) -> list[dict[str, Any]]:

@@ -195,9 +195,14 @@ class ChatStreamEncoder:
         self._plain = not (view.logprobs or view.return_token_ids or view.usage.continuous)
         self._readers = [view.reader() for _ in range(view.n)] if view.parsed else []
         self._fed: set[int] = set()  # choices whose reader has had its first piece
+        self._text_only = self._plain and not self._readers
 
     def encode(self, event: GenerationEvent) -> bytes:
         if isinstance(event, Delta):
+            if self._text_only and event.finish is None and event.token_ids:  # most chunks
+                i = event.choice
+                self._generated[i] += len(event.token_ids)
+                return self._out.text_chunk(i, event.text)
             return self._output(event)
         if isinstance(event, Started):
             return self._start(event)

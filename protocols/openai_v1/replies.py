@@ -69,7 +69,7 @@ def clamp_logprob(logprob: float) -> float:
     return max(logprob, MIN_LOGPROB)
 
 
-_TEXT_ONLY_TAIL = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}'
+_TEXT_ONLY_TAIL = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
 
 
 class ChunkWriter:
@@ -80,16 +80,18 @@ class ChunkWriter:
             {"id": meta.id, "object": obj, "created": meta.created, "model": meta.model}
         )
         self._prefix = head[:-1] + b',"choices":['
+        self._text_heads: dict[int, bytes] = {}  # per choice: the SSE event up to its text
 
     def text_chunk(self, index: int, text: str) -> bytes:
         """`chunk()` of a chat choice that carries only text: most chunks of a stream, written
         without building and serialising a dict (the same bytes)."""
-        return sse_event(
-            b"".join(
-                (self._prefix, b'{"index":', str(index).encode(), b',"delta":{"content":',
-                 jsonio.dumps(text), _TEXT_ONLY_TAIL)
-            )
-        )
+        head = self._text_heads.get(index)
+        if head is None:
+            head = self._text_heads[index] = b"".join((
+                b"data: ", self._prefix, b'{"index":', str(index).encode(),
+                b',"delta":{"content":',
+            ))
+        return b"".join((head, jsonio.dumps_scalar(text), _TEXT_ONLY_TAIL))
 
     def chunk(self, choice: JSON | None, usage: JSON | None = None, **extra: Any) -> bytes:
         parts = [self._prefix, b"" if choice is None else jsonio.dumps(choice), b"]"]

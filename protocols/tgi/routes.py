@@ -142,8 +142,12 @@ class _Events(TokenEventStream):
         self._encoder: translate.StreamEncoder | None = None
 
     def encode(self, event: GenerationEvent) -> bytes:
-        if self._encoder is None and isinstance(event, Delta):
-            return b""
+        encoder = self._encoder
+        if type(event) is Delta:
+            if encoder is None:
+                return b""
+            frame = encoder.plain_frame(event, b"data: ", b"\n\n")
+            return self.general(event) if frame is None else frame
         return super().encode(event)
 
     def other(self, event: GenerationEvent) -> bytes:
@@ -154,10 +158,6 @@ class _Events(TokenEventStream):
                 token_texts=self._token_texts,
             )
         return b""
-
-    def plain(self, delta: Delta) -> bytes | None:
-        assert self._encoder is not None  # encode() waits for Started
-        return self._encoder.plain_event(delta)
 
     def events(self, delta: Delta) -> list[dict[str, Any]]:
         assert self._encoder is not None

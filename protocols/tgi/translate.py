@@ -417,6 +417,10 @@ def to_generate_response(result: GenerationResult, r: Rendering) -> dict[str, An
     return body
 
 
+_SPECIAL = b',"special":true},"generated_text":null,"details":null}'
+_NOT_SPECIAL = b',"special":false},"generated_text":null,"details":null}'
+
+
 class StreamEncoder:
     """Turns one choice's deltas into `/generate_stream` events (dicts; the caller frames them).
 
@@ -455,20 +459,31 @@ class StreamEncoder:
         ]
 
     def plain_event(self, delta: Delta) -> bytes | None:
-        """The serialised event of a one-token delta that ends nothing and carries no
-        logprobs (most events of a stream), without building its dict; byte for byte what
+        """The serialised event of a one-token delta that ends nothing and carries no top
+        tokens (most events of a stream), without building its dict; byte for byte what
         `events` gives serialised. None for any other delta."""
-        if delta.finish is not None or len(delta.token_ids) != 1 or delta.logprobs:
+        return self.plain_frame(delta, b"", b"")
+
+    def plain_frame(self, delta: Delta, head: bytes, tail: bytes) -> bytes | None:
+        """`plain_event` between `head` and `tail` (the stream's framing), in one join."""
+        if delta.finish is not None or len(delta.token_ids) != 1:
             return None
+        logprobs = delta.logprobs
+        if not logprobs:
+            logprob = b"null"
+        elif self._r.plan.top_n:
+            return None
+        else:
+            logprob = jsonio.dumps_scalar(logprobs[0].logprob)
         token_id = delta.token_ids[0]
         self._index += 1
         self._generated += 1
         self._parts.append(delta.text)
-        special = b"true" if token_id == self._r.eos_token_id else b"false"
         return b"".join((
-            b'{"index":', str(self._index).encode(), b',"token":{"id":', str(token_id).encode(),
-            b',"text":', jsonio.dumps(delta.text), b',"logprob":null,"special":', special,
-            b'},"generated_text":null,"details":null}',
+            head, b'{"index":', str(self._index).encode(), b',"token":{"id":',
+            str(token_id).encode(), b',"text":', jsonio.dumps_scalar(delta.text),
+            b',"logprob":', logprob,
+            _SPECIAL if token_id == self._r.eos_token_id else _NOT_SPECIAL, tail,
         ))
 
     def final(self, end: Delta) -> dict[str, Any]:

@@ -4,7 +4,7 @@ error class through the SDK's own exception types."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anthropic
@@ -14,9 +14,19 @@ import jsonschema
 import pytest
 
 from protocols.anthropic import schema, translate
-from protocols.common.tools import ToolPlan
+from protocols.common.tools import ChoiceReader, ToolPlan
 from server.core.errors import EngineError, InvalidRequest, Unsupported
-from server.core.types import ChatMessage, SamplingDefaults, ToolCall
+from server.core.types import (
+    ChatMessage,
+    Delta,
+    Done,
+    FinishReason,
+    ParsedOutput,
+    SamplingDefaults,
+    Started,
+    ToolCall,
+    Usage,
+)
 from server.engines.fake import FakeScript
 from server.gateway import Gateway
 from server.http.context import RequestBounds
@@ -382,3 +392,49 @@ async def test_metrics_count_the_protocol_by_name() -> None:
         if s.name.startswith("gateway_generation_requests") and s.value
     ]
     assert {s.labels.get("protocol") for s in generations} == {"anthropic"}
+
+
+class _TextParser:
+    """A parser that reads every piece as content: what no parser does, through the parser
+    path (so the stream takes the general route)."""
+
+    def parse(
+        self, text: str, token_ids: Sequence[int], *, prompt_token_ids: Sequence[int] = ()
+    ) -> ParsedOutput:
+        return ParsedOutput(content=text)
+
+    def parse_delta(
+        self, text: str, token_ids: Sequence[int], *,
+        prompt_token_ids: Sequence[int] | None, finished: bool,
+    ) -> ParsedOutput | None:
+        return ParsedOutput(content=text) if text else None
+
+
+@pytest.mark.parametrize("finish", [FinishReason.LENGTH, FinishReason.STOP])
+def test_text_deltas_written_from_the_template_are_the_general_events(
+    finish: FinishReason,
+) -> None:
+    view = translate.ReplyView(id="msg_1", model="tiny")
+    plain = translate.MessageStreamEncoder(view, ChoiceReader(ToolPlan(), None))
+    general = translate.MessageStreamEncoder(view, ChoiceReader(ToolPlan(), _TextParser()))
+    events = [
+        Started(prompt_token_ids=(1, 2)),
+        Delta(choice=0, text="Hi", token_ids=(3,)),
+        Delta(choice=0, text="", token_ids=(4,)),  # a character not complete yet
+        Delta(choice=0, text=' "you" é😀', token_ids=(5,)),
+        Delta(choice=0, text="!", token_ids=(6,), finish=finish),
+        Done(usage=Usage(prompt_tokens=2, completion_tokens=4)),
+    ]
+    assert [plain.encode(e) for e in events] == [general.encode(e) for e in events]
+
+
+def test_an_empty_answer_still_gets_its_text_block_from_the_template_path() -> None:
+    view = translate.ReplyView(id="msg_1", model="tiny")
+    plain = translate.MessageStreamEncoder(view, ChoiceReader(ToolPlan(), None))
+    general = translate.MessageStreamEncoder(view, ChoiceReader(ToolPlan(), _TextParser()))
+    events = [
+        Started(prompt_token_ids=(1,)),
+        Delta(choice=0, text="", token_ids=(), finish=FinishReason.STOP),
+        Done(usage=Usage(prompt_tokens=1, completion_tokens=0)),
+    ]
+    assert [plain.encode(e) for e in events] == [general.encode(e) for e in events]

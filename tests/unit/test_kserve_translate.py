@@ -64,6 +64,7 @@ from server.core.types import (
     TopLogprob,
     Usage,
 )
+from server.http import jsonio
 from server.http.context import RequestBounds
 
 BOUNDS = RequestBounds(max_n=4, max_stop_sequences=2, max_stop_length=8, max_logprobs=5)
@@ -690,6 +691,31 @@ def test_stream_folder_closes_an_aborted_stream() -> None:
     folder.fold(Delta(choice=0, text="a", token_ids=(3,)))
     assert folder.fold(Delta(choice=0, text="", token_ids=())) is None
     assert folder.close() == {"text_output": "", "finish_reason": "abort", "done": True}
+
+
+@pytest.mark.parametrize("header", [{"model_name": "tiny", "model_version": "1"}, {}])
+@pytest.mark.parametrize("flags", [{}, {"return_finish_reason": True}])
+def test_plain_stream_event_is_byte_for_byte_the_folded_event(
+    header: dict[str, Any], flags: dict[str, bool]
+) -> None:
+    call = text_call(prompt_inputs(**flags), {}, target(), route="generate_stream")
+    plain, general = StreamFolder(call, header), StreamFolder(call, header)
+    logprobs = (TokenLogprob(token_id=3, token="a", logprob=-0.5),)
+    for delta in (Delta(choice=0, text='say "hi" é😀', token_ids=(3,)),
+                  Delta(choice=0, text="", token_ids=(4,), logprobs=logprobs)):
+        frame = plain.plain_frame(delta, b"data: ", b"\n\n")
+        assert frame == b"data: " + jsonio.dumps(general.fold(delta)) + b"\n\n"
+    last = Delta(choice=0, text="b", token_ids=(5,), finish=FinishReason.STOP)
+    assert plain.plain_frame(last, b"", b"") is None
+    assert plain.fold(last) == general.fold(last)  # the counts moved alike
+
+
+def test_plain_stream_event_leaves_extra_outputs_to_the_folder() -> None:
+    call = text_call(prompt_inputs(return_num_output_tokens=True), {}, target(),
+                     route="generate_stream")
+    folder = StreamFolder(call, {"model_name": "tiny"})
+    assert folder.plain_frame(Delta(choice=0, text="a", token_ids=(3,)), b"", b"") is None
+    assert folder.plain_frame(Delta(choice=0, text="", token_ids=()), b"", b"") is None
 
 
 # ---- errors and stats ---------------------------------------------------------------------------

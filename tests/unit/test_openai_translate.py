@@ -1100,3 +1100,12 @@ def test_text_only_chat_chunk_is_byte_for_byte_the_general_chunk(text: str) -> N
     choice = {"index": 3, "delta": {"content": text}, "logprobs": None,
               "finish_reason": None, "token_ids": None}
     assert writer.text_chunk(3, text) == writer.chunk(choice)
+
+
+def test_text_only_chunks_of_several_choices_from_one_writer() -> None:
+    """The writer keeps each choice's head: the chunks of choices 0 and 1, interleaved."""
+    writer = ChunkWriter(META, "chat.completion.chunk")
+    for index, text in ((0, "a"), (1, "b"), (0, "c"), (1, "")):
+        choice = {"index": index, "delta": {"content": text}, "logprobs": None,
+                  "finish_reason": None, "token_ids": None}
+        assert writer.text_chunk(index, text) == writer.chunk(choice)

@@ -668,3 +668,27 @@ def test_plain_stream_event_is_byte_for_byte_the_general_event(text: str, token_
         assert plain.plain_event(delta) == jsonio.dumps(general.events(delta)[0])
     ended = Delta(choice=0, text=text, token_ids=(token_id,), finish=FinishReason.LENGTH)
     assert plain.plain_event(ended) is None
+
+
+@pytest.mark.parametrize("logprob", [-0.25, 0.0, -1e-9, -123.456, float("-inf")])
+@pytest.mark.parametrize("text", ["x", 'say "hi"', "é€😀"])
+def test_plain_stream_event_with_its_tokens_logprob_is_the_general_event(
+    logprob: float, text: str
+) -> None:
+    """TGI always reports the sampled token's logprob: the template takes it too."""
+    plain = translate.StreamEncoder(rendering(plan_of(True)), input_length=2, token_texts=texts)
+    general = translate.StreamEncoder(rendering(plan_of(True)), input_length=2, token_texts=texts)
+    entry = (TokenLogprob(token_id=5, token=text, logprob=logprob),)
+    for token_id in (5, EOS):
+        delta = Delta(choice=0, text=text, token_ids=(token_id,), logprobs=entry)
+        expected = jsonio.dumps(general.events(delta)[0])
+        assert plain.plain_frame(delta, b"data: ", b"\n\n") == b"data: " + expected + b"\n\n"
+
+
+def test_plain_stream_event_leaves_top_tokens_to_the_general_event() -> None:
+    encoder = translate.StreamEncoder(
+        rendering(plan_of(True, top_n_tokens=2)), input_length=2, token_texts=texts
+    )
+    top = (TopLogprob(token_id=5, token="x", logprob=-0.1),)
+    entry = (TokenLogprob(token_id=5, token="x", logprob=-0.1, top=top),)
+    assert encoder.plain_event(Delta(choice=0, text="x", token_ids=(5,), logprobs=entry)) is None
