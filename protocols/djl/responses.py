@@ -152,6 +152,15 @@ class StreamEncoder:
         self._parts: list[str] = [plan.inputs[0]] if plan.full_text else []
         self._count = 0
         self._input_length = 0
+        # the bytes of a plain line (one token, ending nothing) around its id, text and logprob
+        self._heads: dict[int, bytes] = {}  # per choice
+        self._logprob_key = b',"log_prob":' if plan.legacy else b',"logprob":'
+        self._line_end = b"}}\n" if plan.legacy else b'},"generated_text":null,"details":null}\n'
+
+    def _head(self, choice: int) -> bytes:
+        head = b'{"token":{"id":' if self._plan.legacy else b'{"index":%d,"token":{"id":' % choice
+        self._heads[choice] = head
+        return head
 
     def started(self, event: Started) -> None:
         self._input_length = len(event.prompt_token_ids)
@@ -166,13 +175,11 @@ class StreamEncoder:
         self._parts.append(delta.text)
         self._count += 1
         if delta.finish is None:
-            legacy = self._plan.legacy
+            head = self._heads.get(delta.choice) or self._head(delta.choice)
             return b"".join((
-                b'{"token":{"id":' if legacy else b'{"index":%d,"token":{"id":' % delta.choice,
-                str(ids[0]).encode(), b',"text":', jsonio.dumps_scalar(delta.text),
-                b',"log_prob":' if legacy else b',"logprob":',
-                b"null" if entry is None else jsonio.dumps_scalar(entry.logprob),
-                b"}}\n" if legacy else b'},"generated_text":null,"details":null}\n',
+                head, str(ids[0]).encode(), b',"text":', jsonio.dumps_scalar(delta.text),
+                self._logprob_key, b"null" if entry is None else jsonio.dumps_scalar(entry.logprob),
+                self._line_end,
             ))
         tok = token(ids[0], delta.text, entry.logprob if entry else None, legacy=self._plan.legacy)
         return self._line(tok, delta if delta.finish is not None else None, delta.choice)

@@ -238,6 +238,7 @@ def to_infer_response(result: GenerationResult, plan: InferPlan) -> dict[str, An
 _PREFILL = b'{"prefill_time":'
 _NO_DECODE = b',"decode_time":null'
 _DECODE = b'{"prefill_time":null,"decode_time":'
+_DOT = ord(".")
 
 
 class InferStreamEncoder:
@@ -263,12 +264,16 @@ class InferStreamEncoder:
 
     def plain_frame(self, delta: Delta, now: float, head: bytes, tail: bytes) -> bytes | None:
         """`plain_event` between `head` and `tail` (the stream's framing), in one join."""
-        if delta.finish is not None or len(delta.token_ids) != 1:
+        elapsed = (now - self._last_at) * 1000.0
+        if delta.finish is not None or len(delta.token_ids) != 1 or not 0 <= elapsed < 1e9:
             return None
         token_id = delta.token_ids[0]
         self._parts.append(delta.text)
-        # round(ms, 3) as `.3f` formats it: the same correctly rounded value, for less
-        ms = jsonio.dumps_scalar(float(f"{(now - self._last_at) * 1000.0:.3f}"))
+        # round(elapsed, 3) as JSON, for less: `.3f` rounds the same, and below 1e9 (11 days)
+        # the shortest form of the rounded value is those digits without trailing zeros
+        ms = (b"%.3f" % elapsed).rstrip(b"0")
+        if ms[-1] == _DOT:
+            ms += b"0"
         self._last_at = now
         self._last_id = token_id
         first = self._count == 0
