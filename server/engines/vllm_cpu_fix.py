@@ -12,9 +12,10 @@ adapter traffic on CPU: adapter requests batch in the engine exactly as base req
 steps, same tokens per step), but vLLM's torch ops gather a weight matrix per token and take
 about 20 torch calls per slice, and under two-adapter traffic they were about 49 % of the
 worker's model step on the demo model (py-spy). `fused_add_lora_linear` computes every slot's
-LoRA-A product for all of a layer's slices in one matrix multiply and each slice's LoRA-B in one
-more, each token keeping its own slot's columns (33 % of the step after; LoRA work per unit of
-base matrix work about 5.2 -> 2.6; bench/ANALYSIS.md). The embedding and logits LoRA
+LoRA-A product for all of a layer's slices in one matrix multiply, zeroes each token's row
+outside its own slot's columns, and multiplies by every slot's LoRA-B in one more (33 % of the
+step after the first fused version; LoRA work per unit of base matrix work about 5.2 -> 2.6;
+bench/ANALYSIS.md). The embedding and logits LoRA
 (`add_lora_embedding`, `add_lora_logits`) are done the same way, and the per-step
 `update_metadata` maps slots in one list pass and leaves the prefill run metadata, which only
 vLLM's own methods read, until it is read. Base rows (-1) get nothing added; any other shape or
@@ -71,10 +72,11 @@ def fused_add_lora_linear(  # noqa: PLR0913 - vLLM's signature
     wrapper: Any, y: Any, x: Any, lora_a_stacked: tuple[Any, ...],
     lora_b_stacked: tuple[Any, ...], scale: float, output_slices: tuple[int, ...], **kw: Any,
 ) -> None:
-    """`PunicaWrapperCPU.add_lora_linear` in a few torch calls per slice instead of ~20: every
-    slot's LoRA-A product for all slices in one matrix multiply, each token keeping its own
-    slot's columns, then one multiply per slice for LoRA-B. Rows without a LoRA (-1) get
-    nothing added, as with the fixed ops. Anything unusual goes to vLLM's own method."""
+    """`PunicaWrapperCPU.add_lora_linear` in four torch calls instead of ~20 per slice: every
+    slot's LoRA-A product for all slices in one matrix multiply, each token's row zeroed outside
+    its own slot's columns, then one multiply by every slot's B (block-diagonal over the slices)
+    added to y. Rows without a LoRA (-1) get nothing added, as with the fixed ops. Anything
+    unusual, or weights that are not finite, go to vLLM's own method."""
     indices = wrapper.token_lora_indices
     if not wrapper.is_prefill or kw.get("buffer") is not None or not _plain(
         y, x, indices, lora_a_stacked, lora_b_stacked, output_slices
@@ -85,15 +87,14 @@ def fused_add_lora_linear(  # noqa: PLR0913 - vLLM's signature
     if wrapper.no_lora:
         return
     torch = importlib.import_module("torch")
-    weights_a = _stacked(torch, lora_a_stacked)
-    rank = lora_a_stacked[0].shape[-2]
-    rows = _step_rows(wrapper, torch, indices, _TOKENS)
-    shrunk = rows.shrink(x, weights_a, scale).to(dtype=y.dtype)
-    if len(output_slices) == 1:
-        rows.expand_into(y, shrunk, lora_b_stacked[0], 0, output_slices[0])
+    weights_b = _expand_weights(torch, lora_b_stacked, y.dtype)
+    if weights_b is None:
+        _ORIGINAL["add_lora_linear"](
+            wrapper, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, **kw)
         return
-    rows.expand_into(y, shrunk, _block_diagonal(torch, lora_b_stacked, rank), 0,
-                     sum(output_slices))
+    rows = _step_rows(wrapper, torch, indices, _TOKENS)
+    shrunk = rows.shrink_own(x, _stacked(torch, lora_a_stacked), scale)
+    y[:, : sum(output_slices)] += shrunk.to(dtype=y.dtype) @ weights_b
 
 
 def fused_add_lora_embedding(
@@ -151,20 +152,26 @@ def _stacked(torch: Any, lora_a_stacked: tuple[Any, ...]) -> Any:
     return _kept(lora_a_stacked, lambda: torch.cat(lora_a_stacked, dim=-2))
 
 
-def _block_diagonal(torch: Any, lora_b_stacked: tuple[Any, ...], rank: int) -> Any:
-    """The slices' B weights as one block-diagonal B per slot (slots x 1 x total width x slices *
-    rank): slice i's outputs read only slice i's part of the shrunk row, so one product
-    expands every slice."""
+def _expand_weights(torch: Any, lora_b_stacked: tuple[Any, ...], dtype: Any) -> Any:
+    """Every slot's B for every slice as one matrix (slots * slices * rank x total width), rows
+    in the order of `_stacked`'s A rows: slot by slot, each slot's B block-diagonal over the
+    slices (slice i's outputs read only slice i's part of the shrunk row). A row shrunk to
+    zero outside its own slot's columns (`_Rows.shrink_own`) times this matrix is its own
+    slot's LoRA for every slice, in one product. None if a weight is not finite: zero times
+    NaN or infinity is NaN, and one adapter's weights must never reach another's rows."""
 
     def make() -> Any:
         first = lora_b_stacked[0]
+        slots, _, _, rank = first.shape
         widths = [int(b.shape[2]) for b in lora_b_stacked]
-        block = first.new_zeros(first.shape[0], 1, sum(widths), rank * len(widths))
+        block = first.new_zeros(slots, rank * len(widths), sum(widths), dtype=dtype)
         offset = 0
         for index, (b, width) in enumerate(zip(lora_b_stacked, widths, strict=True)):
-            block[:, :, offset : offset + width, index * rank : (index + 1) * rank] = b
+            block[:, index * rank : (index + 1) * rank, offset : offset + width] = (
+                b[:, 0].transpose(1, 2))
             offset += width
-        return block
+        finite = bool(torch.isfinite(block).all())
+        return block.reshape(slots * rank * len(widths), sum(widths)) if finite else None
 
     return _kept(lora_b_stacked, make)
 
@@ -194,6 +201,8 @@ class _Rows:
 
     def __init__(self, torch: Any, indices: Any, *, has_base: bool | None = None) -> None:
         self.torch = torch
+        self.indices = indices
+        self._masks: dict[tuple[int, int], Any] = {}
         self.count = indices.shape[0]
         self.slot = indices.clamp(min=0)
         self.token = torch.arange(self.count, device=indices.device)
@@ -214,6 +223,25 @@ class _Rows:
         if self.base is not None:
             shrunk.masked_fill_(self.base[:, None], 0.0)
         return shrunk
+
+    def shrink_own(self, x: Any, weights_a: Any, scale: float) -> Any:
+        """x @ every slot's A (slots x 1 x width x in) * scale in float32, each row kept only in
+        its own slot's `width` columns (zero elsewhere, and everywhere for -1 rows)."""
+        slots, _, width, _ = weights_a.shape
+        flat = weights_a.to(dtype=self.torch.float32).reshape(-1, x.shape[-1])
+        shrunk = x.to(dtype=self.torch.float32) @ flat.t()
+        shrunk.masked_fill_(self._not_own(slots, width), 0.0)
+        if scale != 1.0:
+            shrunk.mul_(scale)
+        return shrunk
+
+    def _not_own(self, slots: int, width: int) -> Any:
+        """rows x (slots * width): True where a column belongs to another slot than the row's."""
+        made = self._masks.get((slots, width))
+        if made is None:
+            column_slot = self.torch.arange(slots * width) // width
+            made = self._masks[(slots, width)] = column_slot[None, :] != self.indices[:, None]
+        return made
 
     def expand_into(self, y: Any, x: Any, weights_b: Any, offset: int, width: int) -> None:
         """y[:, offset : offset + width] += each row's x @ its slot's B (slots x 1 x out x

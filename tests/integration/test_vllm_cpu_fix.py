@@ -134,6 +134,23 @@ def test_fused_linear_lora_adds_what_vllms_fixed_wrapper_adds(
     assert torch.equal(fused[base], y[base])
 
 
+@pytest.mark.usefixtures("fixed_ops")
+def test_an_adapter_with_weights_that_are_not_finite_reaches_no_other_row() -> None:
+    """One matrix product over every slot's B would spread slot 1's NaN to slot 0's and the
+    base rows (zero times NaN): such weights go to vLLM's own per-token path."""
+    indices = [0, -1, 1, 0]
+    x, a, b, y = lora_layer(len(indices), 2)
+    b[1][1, 0, 0, 0] = float("nan")
+    wrapper = punica(indices)
+    expected, fused = y.clone(), y.clone()
+    vllms(wrapper, "add_lora_linear")(wrapper, expected, x, a, b, 1.0, SLICES)
+    cpu_fix.fused_add_lora_linear(wrapper, fused, x, a, b, 1.0, SLICES)
+    torch.testing.assert_close(fused, expected, equal_nan=True)
+    mine = torch.tensor(indices) != 1
+    assert bool(torch.isfinite(fused[mine]).all())
+    assert torch.equal(fused[1], y[1])
+
+
 def calls_to_vllm(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record which of vLLM's own methods the fused ones fall back to."""
     calls: list[str] = []
