@@ -327,9 +327,14 @@ def test_rows_made_once_per_step_follow_each_step() -> None:
         torch.testing.assert_close(got, want)
 
 
-def test_slices_side_by_side_follow_weights_written_in_place() -> None:
-    _, a, _, _ = lora_layer(2, 2)
-    first = cpu_fix._stacked(torch, a)
-    assert cpu_fix._stacked(torch, a) is first  # made once for the same contents
+def test_weights_made_once_follow_weights_written_in_place() -> None:
+    _, a, b, _ = lora_layer(2, 2)
+    first = cpu_fix._weights(a, b, torch.float32)
+    assert cpu_fix._weights(a, b, torch.float32) is first  # made once for the same contents
     a[1][0].copy_(torch.ones_like(a[1][0]))  # vLLM loading an adapter into slot 0
-    torch.testing.assert_close(cpu_fix._stacked(torch, a), torch.cat(a, dim=-2))
+    b[2][0].copy_(torch.ones_like(b[2][0]))
+    again = cpu_fix._weights(a, b, torch.float32)
+    assert again is not None and again is not first
+    torch.testing.assert_close(again.a, torch.cat(a, dim=-2).reshape(-1, HIDDEN))
+    rank = a[0].shape[-2]
+    assert bool((again.b[: 3 * rank, -SLICES[2]:][2 * rank :] == 1).all())  # slot 0, slice 2
