@@ -10,7 +10,7 @@ onto this loop. What uvicorn's path enforces (server/runtime/limits.py), granian
   suites with forward secrecy), client certificate required and verified against the CA, CRLs
   checked (rustls checks the whole chain; OpenSSL's path only the leaf). One CA file only
   (else a configuration error); an encrypted key is decrypted with its tlsPkPwd into memory;
-- request head: hyper's read buffer (`maxHeaderBytes`, at least hyper's minimum 8 KiB) and
+- request head: hyper's read buffer (`maxHeaderBytes` + 8 KiB) and
   its fixed cap of 100 headers answer 431 below ASGI; `HeadAndDeadlines` applies the exact
   `maxHeaderBytes`/`maxHeaderCount` of uvicorn's path to what arrived;
 - `requestReceiveTimeout`: hyper's header read timeout bounds the head (and an idle
@@ -139,7 +139,8 @@ class GranianServer:
         http1 = HTTP1Settings(
             header_read_timeout=int(self._limits.receive_timeout_s * 1000),
             keep_alive=True,
-            max_buffer_size=max(HYPER_MIN_BUFFER, self._limits.max_header_bytes),
+            # room past the limit, so the exact limits below answer (414 for a long URL)
+            max_buffer_size=self._limits.max_header_bytes + HYPER_MIN_BUFFER,
         )
         # granian closes the descriptor it is given when it stops; the bound socket stays ours
         holder = SocketHolder(os.dup(sock.fileno()), False, BACKLOG)  # type: ignore[call-arg]
