@@ -118,7 +118,7 @@ class GranianServer:
         check_granian()
         check_limits(limits)
         logging.getLogger("_granian").setLevel(logging.WARNING)  # "Started worker-1" per listener
-        self._app: ASGIApp = HeadAndDeadlines(app, limits)
+        self._app = HeadAndDeadlines(app, limits)
         self._limits = limits
         self._tls = tls_arguments(tls) if tls is not None else {"ssl_enabled": False}
         self._grace_s = grace_s
@@ -160,6 +160,7 @@ class GranianServer:
 
     def stop(self) -> None:
         """Stop accepting; open requests finish, idle connections close (at most `grace_s`)."""
+        self._app.stop()
         if self._signal is None or self._done is None:
             return
         self._signal.set()
@@ -181,6 +182,9 @@ def _scheduler(loop: asyncio.AbstractEventLoop, app: ASGIApp) -> Any:
 
 
 # ---- ASGI edge --------------------------------------------------------------------------------
+# The deadlines are kept by one sweep per listener, not a timer per request or per send: an
+# `asyncio.timeout` around every streamed send cost ~4 µs per event (bench/ANALYSIS.md, the
+# granian runner). A deadline is therefore noticed up to a quarter of its timeout late.
 class HeadAndDeadlines:
     """What uvicorn's protocol class enforces below ASGI, enforced at the ASGI edge: the exact
     head limits (431/414), the body's arrival deadline (408) and the send timeout."""
@@ -188,6 +192,7 @@ class HeadAndDeadlines:
     def __init__(self, app: ASGIApp, limits: HttpLimits) -> None:
         self.app = app
         self.limits = limits
+        self.watch = _Watch(limits)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -197,10 +202,16 @@ class HeadAndDeadlines:
         if refusal is not None:
             await answer_and_close(send, *refusal)
             return
-        request = _Deadlines(self.limits, receive, send)
-        await self.app(scope, request.receive, request.send)
+        request = _Deadlines(self.watch, receive, send)
+        try:
+            await self.app(scope, request.receive, request.send)
+        finally:
+            self.watch.forget(request)
         if request.timed_out and not request.started:
             await answer_and_close(send, 408, "Request not received in time")
+
+    def stop(self) -> None:
+        self.watch.stop()
 
 
 def head_refusal(scope: Scope, limits: HttpLimits) -> tuple[int, str] | None:
@@ -232,51 +243,118 @@ async def answer_and_close(send: Send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+class _Watch:
+    """The requests of one listener whose body is arriving or whose stream is being sent, and
+    the sweep that times them out."""
+
+    def __init__(self, limits: HttpLimits) -> None:
+        self.limits = limits
+        self.arriving: dict[_Deadlines, float] = {}  # request -> loop time its body is due
+        self.streaming: set[_Deadlines] = set()
+        self._sweep: asyncio.TimerHandle | None = None
+        self._every = min(limits.receive_timeout_s, limits.send_timeout_s) / 4
+
+    def arrive(self, request: _Deadlines, loop: asyncio.AbstractEventLoop) -> None:
+        self.arriving[request] = loop.time() + self.limits.receive_timeout_s
+        if self._sweep is None:
+            self._sweep = loop.call_later(self._every, self.sweep, loop)
+
+    def forget(self, request: _Deadlines) -> None:
+        self.arriving.pop(request, None)
+        self.streaming.discard(request)
+
+    def sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        for request, due in list(self.arriving.items()):
+            if now >= due:
+                del self.arriving[request]
+                request.overdue()
+        for request in list(self.streaming):
+            request.check_send(now, self.limits.send_timeout_s)
+        self._sweep = loop.call_later(self._every, self.sweep, loop)
+
+    def stop(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+
+
 class _Deadlines:
-    """One request's receive (the body must arrive by the deadline) and send (a streamed chunk
-    must be taken within the send timeout)."""
+    """One request's receive (the body must arrive by the deadline: 408) and send (a streamed
+    chunk the client leaves untaken for the send timeout drops the client). The sweep cancels
+    the request's task inside the overdue receive or send, which turns that into a disconnect
+    or a ConnectionAbortedError."""
 
-    __slots__ = ("_deadline", "_limits", "_receive", "_send", "_streaming", "arrived", "started",
-                 "timed_out")
+    __slots__ = ("_in_receive", "_in_send", "_receive", "_seen", "_send", "_sends", "_task",
+                 "_watch", "stalled", "started", "timed_out")
 
-    def __init__(self, limits: HttpLimits, receive: Receive, send: Send) -> None:
-        self._limits = limits
+    def __init__(self, watch: _Watch, receive: Receive, send: Send) -> None:
+        self._watch = watch
         self._receive = receive
         self._send = send
-        self._deadline = asyncio.get_running_loop().time() + limits.receive_timeout_s
-        self._streaming = False
-        self.arrived = False
+        self._task = asyncio.current_task()
+        self._in_receive = False
+        self._in_send = False
+        self._sends = 0  # streamed sends begun
+        self._seen: tuple[int, float] | None = None  # (send, when the sweep first saw it pending)
         self.started = False
         self.timed_out = False
+        self.stalled = False
+        watch.arrive(self, asyncio.get_running_loop())
 
     async def receive(self) -> Message:
-        if self.arrived:
-            return await self._receive()
+        if self.timed_out:
+            return {"type": "http.disconnect"}
+        self._in_receive = True
         try:
-            async with asyncio.timeout_at(self._deadline):
-                message = await self._receive()
-        except TimeoutError:
-            self.timed_out = True
-            self.arrived = True
+            message = await self._receive()
+        except asyncio.CancelledError:
+            if not self.timed_out or self._task is None:
+                raise
+            self._task.uncancel()
             return {"type": "http.disconnect"}  # the app's answer goes nowhere; 408 follows
+        finally:
+            self._in_receive = False
         if message["type"] != "http.request" or not message.get("more_body", False):
-            self.arrived = True
+            self._watch.arriving.pop(self, None)
         return message
+
+    def overdue(self) -> None:
+        self.timed_out = True
+        if self._in_receive and self._task is not None:
+            self._task.cancel()
 
     async def send(self, message: Message) -> None:
         if self.timed_out:
             return
         if message["type"] == "http.response.start":
             self.started = True
-        elif message.get("more_body", False):
-            self._streaming = True
-        if not self._streaming:
+        elif message.get("more_body", False) and not self._in_send:
+            self._watch.streaming.add(self)
+        if self not in self._watch.streaming:
             await self._send(message)
             return
+        self._sends += 1
+        self._in_send = True
         try:
-            async with asyncio.timeout(self._limits.send_timeout_s):
-                await self._send(message)
-        except TimeoutError:
-            logger.info("dropping a client that read nothing for %ss", self._limits.send_timeout_s)
+            await self._send(message)
+        except asyncio.CancelledError:
+            if not self.stalled or self._task is None:
+                raise
+            self._task.uncancel()
+            limit = self._watch.limits.send_timeout_s
+            logger.info("dropping a client that read nothing for %ss", limit)
             raise ConnectionAbortedError("the client read nothing in time") from None
+        finally:
+            self._in_send = False
 
+    def check_send(self, now: float, limit: float) -> None:
+        """From the sweep: drop the client when one send has been pending for `limit`."""
+        if not self._in_send:
+            self._seen = None
+            return
+        if self._seen is None or self._seen[0] != self._sends:
+            self._seen = (self._sends, now)
+        elif now - self._seen[1] >= limit and self._task is not None:
+            self.stalled = True
+            self._task.cancel()
