@@ -9,6 +9,7 @@ differently is listed in docs/operations.md (HTTP runner) and pinned at the end.
 from __future__ import annotations
 
 import json
+import signal
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -174,3 +175,25 @@ def test_a_silent_or_trickling_head_is_closed_at_the_deadline_without_a_408(
     with socket.create_connection(("127.0.0.1", limited.data_port), timeout=20) as sock:
         sock.sendall(request_head())
         assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_stream_in_flight_at_sigterm_finishes_and_the_server_exits_0(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The gateway's own drain path, with granian's listeners stopped after it."""
+    overrides = {"ServerConfig": {"httpRunner": "granian"},
+                 "ModelConfig": {"engineOptions": {"token_delay_s": 0.05}}}
+    folder = tmp_path_factory.mktemp("granian-drain")
+    with running_server(folder, engine="fake", overrides=overrides, ready_timeout=60) as server:
+        body = {"prompt": "drain", "max_tokens": 40, "stream": True}  # 2 s of events
+        with (
+            httpx.Client(timeout=60) as http,
+            http.stream("POST", f"{server.url}/v1/completions", json=body) as response,
+        ):
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: {")
+            server.process.send_signal(signal.SIGTERM)
+            rest = list(lines)
+        assert server.process.wait(60) == 0
+    assert len([line for line in rest if line.startswith("data: {")]) == 39
+    assert "data: [DONE]" in rest
