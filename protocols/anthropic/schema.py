@@ -84,6 +84,7 @@ class Tool(_Wire):
     name: str = Field(min_length=1, max_length=128)
     description: str | None = None
     input_schema: dict[str, Any]
+    strict: bool | None = None
 
 
 class ToolChoice(_Wire):

@@ -93,7 +93,7 @@ def _functions(tools: Sequence[schema.Tool]) -> tuple[Function, ...]:
             name=tool.name,
             description=tool.description,
             parameters={"type": "object", **tool.input_schema},
-            strict=None,
+            strict=tool.strict,
         )
         for tool in tools
     )

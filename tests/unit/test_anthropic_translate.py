@@ -264,6 +264,13 @@ def test_effort_is_the_templates_reasoning_effort() -> None:
         "reasoning_effort"] == "medium"
 
 
+def test_strict_tools_reach_the_template_as_vllm_renders_them() -> None:
+    strict = [{**TOOLS[0], "strict": True}, TOOLS[1]]
+    rendered = json.loads(translate.tool_plan(body(tools=strict), tool_call_parser=None)
+                          .tools_json or "")
+    assert [tool["function"].get("strict") for tool in rendered] == [True, None]
+
+
 # ---- answers through the SDK ------------------------------------------------------------------
 
 
