@@ -50,7 +50,8 @@ from server.core.types import AdapterHandle
 logger = logging.getLogger("gateway.adapters")
 
 SETTLE_STEPS = 2  # engine steps after an adapter's last request that settle it
-SETTLE_POLL_S = 0.015  # how often a wait for settling looks at the engine's step count
+SETTLE_POLL_S = 0.002  # how often a wait for settling looks at the engine's step count: a step
+# takes a few milliseconds, and a load past the cache waits for its victim to settle
 
 
 class AdapterResidency:
