@@ -266,7 +266,9 @@ class _Watch:
     def sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         now = loop.time()
         for request, due in list(self.arriving.items()):
-            if now >= due:
+            # only a request whose app waits for its body now: one that never reads it (a long
+            # GET /stopService, POST /ping) is not timed out for taking its time
+            if now >= due and request.receiving:
                 del self.arriving[request]
                 request.overdue()
         for request in list(self.streaming):
@@ -285,15 +287,15 @@ class _Deadlines:
     the request's task inside the overdue receive or send, which turns that into a disconnect
     or a ConnectionAbortedError."""
 
-    __slots__ = ("_in_receive", "_in_send", "_receive", "_seen", "_send", "_sends", "_task",
-                 "_watch", "stalled", "started", "timed_out")
+    __slots__ = ("_in_send", "_receive", "_seen", "_send", "_sends", "_task",
+                 "_watch", "receiving", "stalled", "started", "timed_out")
 
     def __init__(self, watch: _Watch, receive: Receive, send: Send) -> None:
         self._watch = watch
         self._receive = receive
         self._send = send
         self._task = asyncio.current_task()
-        self._in_receive = False
+        self.receiving = False
         self._in_send = False
         self._sends = 0  # streamed sends begun
         self._seen: tuple[int, float] | None = None  # (send, when the sweep first saw it pending)
@@ -305,7 +307,7 @@ class _Deadlines:
     async def receive(self) -> Message:
         if self.timed_out:
             return {"type": "http.disconnect"}
-        self._in_receive = True
+        self.receiving = True
         try:
             message = await self._receive()
         except asyncio.CancelledError:
@@ -314,14 +316,14 @@ class _Deadlines:
             self._task.uncancel()
             return {"type": "http.disconnect"}  # the app's answer goes nowhere; 408 follows
         finally:
-            self._in_receive = False
+            self.receiving = False
         if message["type"] != "http.request" or not message.get("more_body", False):
             self._watch.arriving.pop(self, None)
         return message
 
     def overdue(self) -> None:
         self.timed_out = True
-        if self._in_receive and self._task is not None:
+        if self._task is not None:
             self._task.cancel()
 
     async def send(self, message: Message) -> None:

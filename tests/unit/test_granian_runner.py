@@ -167,3 +167,14 @@ def test_a_stream_the_client_leaves_unread_drops_the_client() -> None:
 
     with pytest.raises(ConnectionAbortedError):
         asyncio.run(HeadAndDeadlines(streamer, LIMITS)(scope(), None, stalled_send))
+
+
+def test_a_handler_that_never_reads_its_body_may_outlast_the_receive_deadline() -> None:
+    """GET /stopService waits for the drain: the deadline bounds only a wait for the body."""
+
+    async def slow(scope: Any, receive: Any, send: Any) -> None:
+        await asyncio.sleep(LIMITS.receive_timeout_s * 4)
+        await _app(scope, receive, send)
+
+    sent = run(slow, None, scope())
+    assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [200]
