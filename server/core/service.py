@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Sequence
-from dataclasses import replace
 from functools import partial
 
 from server.core.adapters import AdapterRegistry
@@ -29,6 +28,7 @@ from server.core.errors import (
     RequestNotFound,
     ServiceUnavailable,
 )
+from server.core.frozen import replaced
 from server.core.json_limits import check_schema_depth
 from server.core.lifecycle import Lifecycle
 from server.core.overhead import on_engine
@@ -246,7 +246,7 @@ class InferenceService:
                 self.observer.rejected(request, exc.error_type)
             raise
         if adapter is not None:
-            request = replace(request, adapter=adapter.name)
+            request = replaced(request, adapter=adapter.name)
         engine_id = f"{request.request_id}-{next(self._ids)}"
         stream = EventStream(
             request,
