@@ -196,7 +196,8 @@ class InferenceService:
             self._gate()
             self.lifecycle.enter(count)
             try:
-                await on_engine(self.admission.acquire(count, key))
+                if not self.admission.try_acquire(count, key):
+                    await on_engine(self.admission.acquire(count, key))
                 if self._abort_reason is not None:
                     self.admission.release(count, key)
                     raise self._abort_reason
