@@ -6,7 +6,8 @@ mixes: uniform (round robin over the K adapters) and skewed (Zipf: adapter of ra
 weight 1 / r^s, s = 1.1, from a fixed seed, so every arm gets the same sequence). Streamed chat,
 fixed output length. Arms: vLLM's server, and the gateway with adapter slots (`slots`: the
 default `LoraConfig.maxActiveAdapters`, the engine's 4 cached places; `strict`: 2, its
-`maxLoras`), without them (`fair`: `maxActiveAdapters` 0, as before issue 24) and one FIFO
+`maxLoras`; `spare`: 3, one cached place left for the next adapter in line), without them
+(`fair`: `maxActiveAdapters` 0, as before issue 24) and one FIFO
 without them (`fifo`, on request); they alternate at the server level each
 round (which one starts first rotates); `fair` and `fifo` order only requests queued at
 admission, so they differ only with more requests in flight than the gateway's
@@ -67,6 +68,8 @@ class GatewayArm:
 GATEWAY_ARMS = {
     "slots": GatewayArm(max_active=None, fair_admission=True),  # the default: maxCpuLoras (4)
     "strict": GatewayArm(max_active=2, fair_admission=True),  # maxLoras: the next ones prefetched
+    # one cached place spare: the next adapter in line prefetched while three run
+    "spare": GatewayArm(max_active=3, fair_admission=True),
     "fair": GatewayArm(max_active=0, fair_admission=True),  # no adapter slots (before issue 24)
     "fifo": GatewayArm(max_active=0, fair_admission=False),
 }

@@ -50,7 +50,8 @@ from server.core.types import AdapterHandle
 logger = logging.getLogger("gateway.adapters")
 
 SETTLE_STEPS = 2  # engine steps after an adapter's last request that settle it
-SETTLE_POLL_S = 0.015  # how often a wait for settling looks at the engine's step count
+SETTLE_POLL_S = 0.002  # how often a wait for settling looks at the engine's step count: a step
+# takes a few milliseconds, and a load past the cache waits for its victim to settle
 
 
 class AdapterResidency:
@@ -119,14 +120,17 @@ class AdapterResidency:
         if record.handle.int_id in self._resident_ids():
             record.resident = True  # the same files are in the engine under another record
             return True
+        victim = None
         if len(self._resident_ids()) >= self.limits.max_cpu_loras:
             victim = self._eviction_candidate(spare_prefetched=ahead)
             if victim is None:
                 return False
-            await self._evict(victim)
+            self._evict(victim)
         started = time.perf_counter()
         try:
-            await self._engine.add_adapter(record.handle)
+            await self._engine.add_adapter(
+                record.handle, evicting=None if victim is None else victim.handle
+            )
         except GatewayError:
             record.load_failures += 1
             raise
@@ -195,18 +199,15 @@ class AdapterResidency:
         oldest = min(r.last_used for r in records)
         return max(min(oldest + self.limits.settle_s - time.monotonic(), SETTLE_POLL_S), 0.001)
 
-    async def _evict(self, victim: AdapterRecord) -> None:
-        # not resident before the engine is asked: a request arriving meanwhile must not get the
-        # handle (the engine would read the adapter back inside a step, evicting what its own
-        # LRU picks, a pinned adapter included), it waits for the lock and loads it again
+    def _evict(self, victim: AdapterRecord) -> None:
+        """Mark `victim` gone; the engine removes it as part of the load that replaces it.
+        Not resident before the engine is asked: a request arriving meanwhile must not get the
+        handle (the engine would read the adapter back inside a step, evicting what its own
+        LRU picks, a pinned adapter included), it waits for the lock and loads it again."""
         for record in self._catalog.all_records():
             if record.handle.int_id == victim.handle.int_id and record.resident:
                 record.resident = False
                 record.evictions += 1
-        try:
-            await self._engine.remove_adapter(victim.handle)
-        except GatewayError:
-            logger.warning("the engine failed to remove adapter %s", victim.name, exc_info=True)
         if victim.removed:
             self._catalog.retired = [r for r in self._catalog.retired if r is not victim]
 

@@ -67,8 +67,11 @@ class Engine(Protocol):
     async def check_health(self) -> None:
         """Raise `ServiceUnavailable` if the engine cannot serve."""
 
-    async def add_adapter(self, adapter: AdapterHandle) -> None:
-        """Load the adapter into the engine (CPU cache). Raise `AdapterInvalid` if it cannot."""
+    async def add_adapter(
+        self, adapter: AdapterHandle, *, evicting: AdapterHandle | None = None
+    ) -> None:
+        """Load the adapter into the engine (CPU cache), removing `evicting` first (a removal
+        that fails is logged, not raised). Raise `AdapterInvalid` if the adapter cannot load."""
 
     async def remove_adapter(self, adapter: AdapterHandle) -> None: ...
 

@@ -232,7 +232,11 @@ class FakeEngine:
         if flag is not None and os.path.exists(flag):  # noqa: ASYNC240 (a stat, test only)
             raise ServiceUnavailable("engine is dead: scripted failure")
 
-    async def add_adapter(self, adapter: AdapterHandle) -> None:
+    async def add_adapter(
+        self, adapter: AdapterHandle, *, evicting: AdapterHandle | None = None
+    ) -> None:
+        if evicting is not None:
+            await self.remove_adapter(evicting)
         if adapter.path in self.script.bad_adapter_paths:
             raise AdapterInvalid(f"Loading lora {adapter.name} failed")
         self.adapters[adapter.int_id] = adapter

@@ -196,18 +196,39 @@ class VllmEngine:
 
     # -- adapters --------------------------------------------------------------------------
 
-    async def add_adapter(self, adapter: AdapterHandle) -> None:
+    async def add_adapter(
+        self, adapter: AdapterHandle, *, evicting: AdapterHandle | None = None
+    ) -> None:
         try:
             lora = self._lora_request(adapter)
         except ValueError as exc:  # LoRARequest refuses int ids below 1
             raise AdapterInvalid(str(exc), param="model") from exc
         assert lora is not None
+        removal = None if evicting is None else await self._start_removal(evicting)
         try:
             loaded = await self._llm.add_lora(lora)
         except Exception as exc:
             raise adapter_error(exc, adapter) from exc
+        finally:
+            if removal is not None:
+                await removal
         if not loaded:
             raise AdapterInvalid(f"LoRA adapter '{adapter.name}' could not be loaded.")
+
+    async def _start_removal(self, adapter: AdapterHandle) -> asyncio.Task[None]:
+        """Send the removal of `adapter` without waiting for its answer. The engine core takes
+        its input in order and answers control calls only between two steps: sent one after the
+        other, a removal and the load that follows it share one wait for a step's end instead of
+        two."""
+        removal = asyncio.ensure_future(self._remove_logged(adapter))
+        await asyncio.sleep(0)  # the removal runs up to its (synchronous) send before the load's
+        return removal
+
+    async def _remove_logged(self, adapter: AdapterHandle) -> None:
+        try:
+            await self.remove_adapter(adapter)
+        except GatewayError:
+            logger.warning("the engine failed to remove adapter %s", adapter.name, exc_info=True)
 
     async def remove_adapter(self, adapter: AdapterHandle) -> None:
         if self._lora_enabled:

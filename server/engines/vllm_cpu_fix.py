@@ -12,9 +12,10 @@ adapter traffic on CPU: adapter requests batch in the engine exactly as base req
 steps, same tokens per step), but vLLM's torch ops gather a weight matrix per token and take
 about 20 torch calls per slice, and under two-adapter traffic they were about 49 % of the
 worker's model step on the demo model (py-spy). `fused_add_lora_linear` computes every slot's
-LoRA-A product for all of a layer's slices in one matrix multiply and each slice's LoRA-B in one
-more, each token keeping its own slot's columns (33 % of the step after; LoRA work per unit of
-base matrix work about 5.2 -> 2.6; bench/ANALYSIS.md). The embedding and logits LoRA
+LoRA-A product for all of a layer's slices in one matrix multiply, zeroes each token's row
+outside its own slot's columns, and multiplies by every slot's LoRA-B in one more (33 % of the
+step after the first fused version; LoRA work per unit of base matrix work about 5.2 -> 2.6;
+bench/ANALYSIS.md). The embedding and logits LoRA
 (`add_lora_embedding`, `add_lora_logits`) are done the same way, and the per-step
 `update_metadata` maps slots in one list pass and leaves the prefill run metadata, which only
 vLLM's own methods read, until it is read. Base rows (-1) get nothing added; any other shape or
@@ -30,6 +31,7 @@ statically.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from typing import Any, cast
@@ -71,47 +73,47 @@ def fused_add_lora_linear(  # noqa: PLR0913 - vLLM's signature
     wrapper: Any, y: Any, x: Any, lora_a_stacked: tuple[Any, ...],
     lora_b_stacked: tuple[Any, ...], scale: float, output_slices: tuple[int, ...], **kw: Any,
 ) -> None:
-    """`PunicaWrapperCPU.add_lora_linear` in a few torch calls per slice instead of ~20: every
-    slot's LoRA-A product for all slices in one matrix multiply, each token keeping its own
-    slot's columns, then one multiply per slice for LoRA-B. Rows without a LoRA (-1) get
-    nothing added, as with the fixed ops. Anything unusual goes to vLLM's own method."""
+    """`PunicaWrapperCPU.add_lora_linear` in four torch calls instead of ~20 per slice: every
+    slot's LoRA-A product for all slices in one matrix multiply, each token's row zeroed outside
+    its own slot's columns, then one multiply by every slot's B (block-diagonal over the slices)
+    added to y. Rows without a LoRA (-1) get nothing added, as with the fixed ops. Anything
+    unusual, or weights that are not finite, go to vLLM's own method."""
     indices = wrapper.token_lora_indices
-    if not wrapper.is_prefill or kw.get("buffer") is not None or not _plain(
+    weights = None
+    if wrapper.is_prefill and kw.get("buffer") is None and _plain(
         y, x, indices, lora_a_stacked, lora_b_stacked, output_slices
     ):
+        weights = _weights(lora_a_stacked, lora_b_stacked, y.dtype)
+    if weights is None:
         _ORIGINAL["add_lora_linear"](
             wrapper, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, **kw)
         return
     if wrapper.no_lora:
         return
-    torch = importlib.import_module("torch")
-    weights_a = _stacked(torch, lora_a_stacked)
-    rank = lora_a_stacked[0].shape[-2]
-    rows = _step_rows(wrapper, torch, indices, _TOKENS)
-    shrunk = rows.shrink(x, weights_a, scale).to(dtype=y.dtype)
-    if len(output_slices) == 1:
-        rows.expand_into(y, shrunk, lora_b_stacked[0], 0, output_slices[0])
-        return
-    rows.expand_into(y, shrunk, _block_diagonal(torch, lora_b_stacked, rank), 0,
-                     sum(output_slices))
+    rows = _step_rows(wrapper, indices, _TOKENS)
+    rows.add_own(y, rows.shrink_own(x, weights, scale), weights, sum(output_slices))
 
 
 def fused_add_lora_embedding(
     wrapper: Any, y: Any, x: Any, lora_b_stacked: Any, add_inputs: bool = True, **kw: Any,
 ) -> None:
     """`PunicaWrapperCPU.add_lora_embedding` (y += x @ each token's slot's B) in one matrix
-    multiply over every slot instead of vLLM's per-token weight gather. Same rows as vLLM's
-    prefill path (whose per-run indices expand to exactly the token indices), -1 rows left
-    untouched; decode mode, assignment (`add_inputs` false) and other shapes go to vLLM."""
+    multiply over every slot instead of vLLM's per-token weight gather: x repeated for every
+    slot, zero outside the token's own. Same rows as vLLM's prefill path (whose per-run indices
+    expand to exactly the token indices), -1 rows left untouched; decode mode, assignment
+    (`add_inputs` false), other shapes and weights that are not finite go to vLLM."""
     indices = wrapper.token_lora_indices
-    if not (wrapper.is_prefill and add_inputs and _plain_expand(y, x, indices, lora_b_stacked)):
+    weights = None
+    if wrapper.is_prefill and add_inputs and _plain_expand(y, x, indices, lora_b_stacked):
+        weights = _weights((), (lora_b_stacked,), y.dtype)
+    if weights is None:
         _ORIGINAL["add_lora_embedding"](wrapper, y, x, lora_b_stacked, add_inputs, **kw)
         return
     if wrapper.no_lora:
         return
-    torch = importlib.import_module("torch")
-    rows = _step_rows(wrapper, torch, indices, _TOKENS)
-    rows.expand_into(y, x, lora_b_stacked, 0, _common(y, lora_b_stacked))
+    rows = _step_rows(wrapper, indices, _TOKENS)
+    spread = rows.own(x.repeat(1, weights.slots), weights.slots, 1.0)
+    rows.add_own(y, spread, weights, _common(y, lora_b_stacked))
 
 
 def fused_add_lora_logits(
@@ -120,22 +122,25 @@ def fused_add_lora_logits(
 ) -> None:
     """`PunicaWrapperCPU.add_lora_logits` (y += (x @ A) * scale @ B per sampled row's slot) in
     two matrix multiplies over every slot, float32 in between as in vLLM; -1 rows untouched.
-    A caller's `buffer` and other shapes go to vLLM's own method."""
+    A caller's `buffer`, other shapes and weights that are not finite go to vLLM's own
+    method."""
     indices = wrapper.sampler_indices
     y_rows, x_rows = y.view(-1, y.shape[-1]), x.view(-1, x.shape[-1])
-    if kw.get("buffer") is not None or not (
+    weights = None
+    if kw.get("buffer") is None and (
         _plain_expand(y_rows, x_rows, indices, lora_b_stacked, inputs_are_rank=False)
         and tuple(lora_a_stacked.shape) == (lora_b_stacked.shape[0], 1,
                                             lora_b_stacked.shape[-1], x_rows.shape[1])
     ):
+        weights = _weights((lora_a_stacked,), (lora_b_stacked,), y.dtype)
+    if weights is None:
         _ORIGINAL["add_lora_logits"](wrapper, y, x, lora_a_stacked, lora_b_stacked, scale, **kw)
         return
-    torch = importlib.import_module("torch")
     if bool((indices < 0).all()):
         return
-    rows = _step_rows(wrapper, torch, indices, _SAMPLED)
-    rows.expand_into(y_rows, rows.shrink(x_rows, lora_a_stacked, scale), lora_b_stacked, 0,
-                     _common(y_rows, lora_b_stacked))
+    rows = _step_rows(wrapper, indices, _SAMPLED)
+    rows.add_own(y_rows, rows.shrink_own(x_rows, weights, scale), weights,
+                 _common(y_rows, lora_b_stacked))
 
 
 def _common(y: Any, weights_b: Any) -> int:
@@ -144,29 +149,38 @@ def _common(y: Any, weights_b: Any) -> int:
     return min(int(weights_b.shape[2]), int(y.shape[1]))
 
 
-def _stacked(torch: Any, lora_a_stacked: tuple[Any, ...]) -> Any:
-    """The slices' A weights side by side (slots x 1 x slices * rank x in)."""
-    if len(lora_a_stacked) == 1:
-        return lora_a_stacked[0]
-    return _kept(lora_a_stacked, lambda: torch.cat(lora_a_stacked, dim=-2))
+class _Weights:
+    """A layer's LoRA weights for every slot, as two matrices: `a`, every slot's A for every
+    slice (slots * slices * rank x in, float32, slot by slot); `b`, every slot's B with the rows
+    in the same order, each slot's block-diagonal over the slices (slice i's outputs read only
+    slice i's part of the shrunk row). A row shrunk to zero outside its own slot's columns
+    times `b` is its own slot's LoRA for every slice, in one product."""
 
-
-def _block_diagonal(torch: Any, lora_b_stacked: tuple[Any, ...], rank: int) -> Any:
-    """The slices' B weights as one block-diagonal B per slot (slots x 1 x total width x slices *
-    rank): slice i's outputs read only slice i's part of the shrunk row, so one product
-    expands every slice."""
-
-    def make() -> Any:
-        first = lora_b_stacked[0]
-        widths = [int(b.shape[2]) for b in lora_b_stacked]
-        block = first.new_zeros(first.shape[0], 1, sum(widths), rank * len(widths))
+    def __init__(self, torch: Any, lora_a: tuple[Any, ...], lora_b: tuple[Any, ...],
+                 dtype: Any) -> None:
+        first = lora_b[0]
+        self.slots, _, _, rank = first.shape
+        self.width = rank * len(lora_b)  # each slot's columns of a shrunk row
+        self.a: Any = None  # the embedding's A is looked up per token: it has none here
+        if lora_a:
+            side_by_side = torch.cat(lora_a, dim=-2) if len(lora_a) > 1 else lora_a[0]
+            self.a = side_by_side.to(dtype=torch.float32).reshape(-1, side_by_side.shape[-1])
+        widths = [int(b.shape[2]) for b in lora_b]
+        block = first.new_zeros(self.slots, self.width, sum(widths), dtype=dtype)
         offset = 0
-        for index, (b, width) in enumerate(zip(lora_b_stacked, widths, strict=True)):
-            block[:, :, offset : offset + width, index * rank : (index + 1) * rank] = b
+        for index, (b, width) in enumerate(zip(lora_b, widths, strict=True)):
+            block[:, index * rank : (index + 1) * rank, offset : offset + width] = (
+                b[:, 0].transpose(1, 2))
             offset += width
-        return block
+        self.b = block.reshape(self.slots * self.width, sum(widths))
+        self.finite = bool(torch.isfinite(self.b).all())
 
-    return _kept(lora_b_stacked, make)
+
+def _weights(lora_a: tuple[Any, ...], lora_b: tuple[Any, ...], dtype: Any) -> _Weights | None:
+    """The layer's `_Weights`, made once per contents; None if a B weight is not finite: zero
+    times NaN or infinity is NaN, and one adapter's weights must never reach another's rows."""
+    made = _kept((*lora_b, *lora_a), lambda: _Weights(_torch(), lora_a, lora_b, dtype))
+    return made if made.finite else None
 
 
 def _kept(tensors: tuple[Any, ...], make: Callable[[], Any]) -> Any:
@@ -180,51 +194,55 @@ def _kept(tensors: tuple[Any, ...], make: Callable[[], Any]) -> Any:
     return made[1]
 
 
-def _step_rows(wrapper: Any, torch: Any, indices: Any, which: int) -> _Rows:
+@functools.cache
+def _torch() -> Any:
+    return importlib.import_module("torch")
+
+
+def _step_rows(wrapper: Any, indices: Any, which: int) -> _Rows:
     """This step's rows of the token (`_TOKENS`) or sampled (`_SAMPLED`) indices: made once by
     `fast_update_metadata` for every layer of the step, else from `indices`."""
     made = wrapper.__dict__.get(_ROWS)
     if made is not None and made[which].count == indices.shape[0]:
         return cast("_Rows", made[which])
-    return _Rows(torch, indices)
+    return _Rows(_torch(), indices)
 
 
 class _Rows:
     """One step's rows and their slots (-1: no LoRA), for products over every slot at once."""
 
-    def __init__(self, torch: Any, indices: Any, *, has_base: bool | None = None) -> None:
+    def __init__(self, torch: Any, indices: Any) -> None:
         self.torch = torch
+        self.indices = indices
         self.count = indices.shape[0]
-        self.slot = indices.clamp(min=0)
-        self.token = torch.arange(self.count, device=indices.device)
-        base = indices < 0
-        if has_base is None:
-            has_base = bool(base.any())
-        self.base = base if has_base else None
+        self._masks: dict[tuple[int, int], Any] = {}
 
-    def shrink(self, x: Any, weights_a: Any, scale: float) -> Any:
-        """Each row's x @ its slot's A (slots x 1 x rank x in) * scale in float32, 0 for -1."""
-        torch = self.torch
-        slots = weights_a.shape[0]
-        flat = weights_a.to(dtype=torch.float32).reshape(-1, x.shape[-1])
-        shrunk = (x.to(dtype=torch.float32) @ flat.t()).view(x.shape[0], slots, -1)
-        shrunk = shrunk[self.token, self.slot]
+    def shrink_own(self, x: Any, weights: _Weights, scale: float) -> Any:
+        """x @ every slot's A * scale in float32, each row kept only in its own slot's columns
+        (zero elsewhere, and everywhere for -1 rows)."""
+        shrunk = x.to(dtype=self.torch.float32) @ weights.a.t()
+        return self.own(shrunk, weights.slots, scale)
+
+    def own(self, values: Any, slots: int, scale: float) -> Any:
+        """`values` (rows x slots * width) zeroed outside each row's own slot's columns, in
+        place, times `scale`."""
+        values.masked_fill_(self._not_own(slots, values.shape[1] // slots), 0.0)
         if scale != 1.0:
-            shrunk = shrunk * scale
-        if self.base is not None:
-            shrunk.masked_fill_(self.base[:, None], 0.0)
-        return shrunk
+            values.mul_(scale)
+        return values
 
-    def expand_into(self, y: Any, x: Any, weights_b: Any, offset: int, width: int) -> None:
-        """y[:, offset : offset + width] += each row's x @ its slot's B (slots x 1 x out x
-        rank, the first `width` of its outputs), in y's dtype; -1 rows untouched."""
-        slots, _, out, rank = weights_b.shape
-        flat = weights_b.to(dtype=y.dtype).reshape(slots * out, rank)
-        part = (x.to(dtype=y.dtype) @ flat.t()).view(x.shape[0], slots, out)
-        part = part[self.token, self.slot, :width]
-        if self.base is not None:
-            part.masked_fill_(self.base[:, None], 0.0)
-        y[:, offset : offset + width] += part
+    def _not_own(self, slots: int, width: int) -> Any:
+        """rows x (slots * width): True where a column belongs to another slot than the row's."""
+        made = self._masks.get((slots, width))
+        if made is None:
+            column_slot = self.torch.arange(slots * width) // width
+            made = self._masks[(slots, width)] = column_slot[None, :] != self.indices[:, None]
+        return made
+
+    @staticmethod
+    def add_own(y: Any, own: Any, weights: _Weights, width: int) -> None:
+        """y[:, :width] += own @ every slot's B (its first `width` outputs), in y's dtype."""
+        y[:, :width] += own.to(dtype=y.dtype) @ weights.b[:, :width]
 
 
 def fast_update_metadata(
@@ -263,10 +281,7 @@ def fast_update_metadata(
     wrapper.is_prefill = True
     wrapper.no_lora = max(tokens) < 0
     wrapper.__dict__[_STALE] = True
-    wrapper.__dict__[_ROWS] = (
-        _Rows(torch, token_slots, has_base=min(tokens) < 0),
-        _Rows(torch, prompt_slots, has_base=min(prompts, default=0) < 0),
-    )
+    wrapper.__dict__[_ROWS] = (_Rows(torch, token_slots), _Rows(torch, prompt_slots))
 
 
 def _lazy_prefill_metadata(wrapper: Any) -> Any:

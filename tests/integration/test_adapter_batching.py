@@ -10,7 +10,8 @@ a safety bound, never the assertion.
 
 On a server with `maxActiveAdapters` 2 (the strict setting: as many adapters in flight as the
 engine runs per step), a third adapter's streams wait in the gateway's queue while a1 and a2 hold
-both adapter slots, and start once one drains.
+both adapter slots, and start once one drains; an adapter not yet in the engine whose requests
+wait is loaded ahead into a spare cached place (prefetch) and starts without a load of its own.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.serverproc import RunningServer, running_server
+from tests.integration.traffic import async_management_client
+from tests.serverproc import DEMO, RunningServer, running_server
 
 STREAMS = 8
 HOLD_TOKENS = 400  # the live server's maxModelLen is 512
@@ -167,3 +169,63 @@ async def test_a_third_adapter_waits_for_a_slot_in_the_gateway_and_takes_the_fir
     assert sample(after, waited, "a3") - sample(before, waited, "a3") == 2
     waited_s = "gateway_adapter_queue_wait_seconds_sum"
     assert sample(after, waited_s, "a3") > sample(before, waited_s, "a3")
+
+
+async def test_a_waiting_adapter_is_loaded_ahead_while_the_slots_are_busy(
+    strict_server: RunningServer,
+) -> None:
+    """maxActiveAdapters 2 below maxCpuLoras 4: while a1 and a2 hold both slots, an adapter that
+    is not in the engine and has requests waiting is loaded into a spare cached place (a
+    prefetch) before its turn, so when a slot drains its streams start without a load of
+    their own."""
+    name = "prefetched-a4"
+    async with async_management_client(strict_server, timeout=60) as mgmt:
+        src = DEMO / "test-adapters" / "a4"
+        registered = await mgmt.post("/adapters", params={"name": name, "src": str(src),
+                                                    "preload": "false"})
+        assert registered.status_code == 200, registered.text
+        try:
+            assert (await mgmt.get(f"/adapters/{name}")).json()["engineLoaded"] is False
+            before = await scrape(strict_server)
+            described = await prefetched_while_queued(strict_server, mgmt, name)
+        finally:
+            await mgmt.delete(f"/adapters/{name}")
+    assert described["loads"] == 1 and described["coldLoads"] == 0  # the prefetch, no other
+    prefetches = "gateway_adapter_prefetches_total"
+    assert sample(described["after"], prefetches, name) - sample(before, prefetches, name) == 1
+
+
+async def prefetched_while_queued(
+    server: RunningServer, mgmt: httpx.AsyncClient, name: str
+) -> dict[str, object]:
+    """Hold a1 and a2's slots, queue two streams on `name`, see it loaded while they wait, then
+    free a slot and see them start; its description and the metrics after."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as http:
+        for model in ("a1", "a2"):
+            response = await http.post("/v1/completions", json=body(model, 2, stream=False))
+            assert response.status_code == 200, response.text
+        events = {m: [asyncio.Event(), asyncio.Event()] for m in ("a1", "a2", name)}
+        tasks = {m: [asyncio.create_task(hold(http, m, e)) for e in events[m]]
+                 for m in ("a1", "a2")}
+        try:
+            await asyncio.wait_for(asyncio.gather(
+                *(e.wait() for m in ("a1", "a2") for e in events[m])), WAIT_S)
+            tasks[name] = [asyncio.create_task(hold(http, name, e)) for e in events[name]]
+
+            async def loaded_while_queued() -> bool:
+                queued = sample(await scrape(server), "gateway_adapter_requests_queued", name)
+                engine_loaded = (await mgmt.get(f"/adapters/{name}")).json()["engineLoaded"]
+                return queued == 2 and engine_loaded is True
+
+            await until(loaded_while_queued, f"{name} in the engine while its streams wait")
+            assert not any(e.is_set() for e in events[name])
+            for task in tasks["a1"]:
+                task.cancel()
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events[name])), WAIT_S)
+            described: dict[str, object] = (await mgmt.get(f"/adapters/{name}")).json()
+            described["after"] = await scrape(server)
+        finally:
+            for task in [t for group in tasks.values() for t in group]:
+                task.cancel()
+            await asyncio.gather(*(t for g in tasks.values() for t in g), return_exceptions=True)
+    return described

@@ -103,6 +103,9 @@ async def test_ten_adapter_churn_gives_every_request_its_own_adapter_output(
     assert evicted > 0  # the cache really churned
     resident = [n for n in churn_adapters if after[n]["engineLoaded"]]
     assert len(resident) <= 4  # maxCpuLoras
+    # the engine holds exactly what the registry loaded: it never evicted on its own (a load
+    # sent before the removal it replaces would have made vLLM's LRU pick a victim)
+    assert resident == [n for n in churn_adapters if after[n]["residency"] != "registered"]
 
 
 async def test_pinned_adapter_survives_churn(

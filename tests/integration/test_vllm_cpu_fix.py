@@ -134,6 +134,23 @@ def test_fused_linear_lora_adds_what_vllms_fixed_wrapper_adds(
     assert torch.equal(fused[base], y[base])
 
 
+@pytest.mark.usefixtures("fixed_ops")
+def test_an_adapter_with_weights_that_are_not_finite_reaches_no_other_row() -> None:
+    """One matrix product over every slot's B would spread slot 1's NaN to slot 0's and the
+    base rows (zero times NaN): such weights go to vLLM's own per-token path."""
+    indices = [0, -1, 1, 0]
+    x, a, b, y = lora_layer(len(indices), 2)
+    b[1][1, 0, 0, 0] = float("nan")
+    wrapper = punica(indices)
+    expected, fused = y.clone(), y.clone()
+    vllms(wrapper, "add_lora_linear")(wrapper, expected, x, a, b, 1.0, SLICES)
+    cpu_fix.fused_add_lora_linear(wrapper, fused, x, a, b, 1.0, SLICES)
+    torch.testing.assert_close(fused, expected, equal_nan=True)
+    mine = torch.tensor(indices) != 1
+    assert bool(torch.isfinite(fused[mine]).all())
+    assert torch.equal(fused[1], y[1])
+
+
 def calls_to_vllm(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record which of vLLM's own methods the fused ones fall back to."""
     calls: list[str] = []
@@ -310,9 +327,14 @@ def test_rows_made_once_per_step_follow_each_step() -> None:
         torch.testing.assert_close(got, want)
 
 
-def test_slices_side_by_side_follow_weights_written_in_place() -> None:
-    _, a, _, _ = lora_layer(2, 2)
-    first = cpu_fix._stacked(torch, a)
-    assert cpu_fix._stacked(torch, a) is first  # made once for the same contents
+def test_weights_made_once_follow_weights_written_in_place() -> None:
+    _, a, b, _ = lora_layer(2, 2)
+    first = cpu_fix._weights(a, b, torch.float32)
+    assert cpu_fix._weights(a, b, torch.float32) is first  # made once for the same contents
     a[1][0].copy_(torch.ones_like(a[1][0]))  # vLLM loading an adapter into slot 0
-    torch.testing.assert_close(cpu_fix._stacked(torch, a), torch.cat(a, dim=-2))
+    b[2][0].copy_(torch.ones_like(b[2][0]))
+    again = cpu_fix._weights(a, b, torch.float32)
+    assert again is not None and again is not first
+    torch.testing.assert_close(again.a, torch.cat(a, dim=-2).reshape(-1, HIDDEN))
+    rank = a[0].shape[-2]
+    assert bool((again.b[: 3 * rank, -SLICES[2]:][2 * rank :] == 1).all())  # slot 0, slice 2

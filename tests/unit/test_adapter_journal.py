@@ -345,7 +345,7 @@ async def test_a_registration_the_engine_refuses_after_it_was_saved_is_unsaved(
 ) -> None:
     registry, engine, src = failing_registry
 
-    async def refuse(*_: Any) -> None:
+    async def refuse(*_: Any, **__: Any) -> None:
         raise AdapterInvalid("the engine refused it")
 
     monkeypatch.setattr(engine, "add_adapter", refuse)
