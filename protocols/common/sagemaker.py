@@ -60,13 +60,14 @@ def selectors(request: Request, service: InferenceService) -> Selectors:
     """The request's selectors; raises `ModelNotFound` for a model that is neither the base
     model nor a workflow (DJL's front refuses it before the body is read) and `AdapterNotFound`
     for an empty `?adapter=`."""
-    queried = request.query_params.getlist("adapter")
+    query = request.query_params if request.scope["query_string"] else None
+    queried = query.getlist("adapter") if query is not None else []
     if queried and not queried[0]:
         raise AdapterNotFound("The adapter named by ?adapter= is empty", param="adapter")
     headers = request.headers
     return Selectors(
         workflow=workflow(service, request.path_params.get("model")
-                          or request.query_params.get("model_name")),
+                          or (query.get("model_name") if query is not None else None)),
         query=queried[0] if queried else None,
         custom_attributes=custom_attribute_adapter(headers.get(CUSTOM_ATTRIBUTES)),
         header=headers.get(ADAPTER_IDENTIFIER),
