@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 CONFIG ?= config.json
-EXTRAS ?= cpu,demo,test,dev
+EXTRAS ?= cpu,demo,test,dev,granian
 export VLLM_NO_USAGE_STATS := 1
 export VLLM_HOST_IP := 127.0.0.1
 

@@ -9,6 +9,8 @@
   python -m bench l --l-adapters 2,32 --l-mixes uniform --l-arms vllm,fair,fifo --l-rounds 1
                                            a short L (any --l-* option; `all` runs L with
                                            one round unless --l-rounds says otherwise)
+  python -m bench b --b-arms gateway,gateway-granian,bare,bare-granian --b-wrk-only
+                                           B's wrk windows on both HTTP runners
   python -m bench report [--run NAME]      regenerate bench/README.md and the plots
   python -m bench run --url URL ...        the load generator alone against any server
 
@@ -52,6 +54,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         scenario.add_argument("--no-report", action="store_true")
         if name in ("all", "l"):
             _l_args(scenario)
+        if name == "b":
+            scenario.add_argument(
+                "--b-arms", dest="b_arms", type=_names, default=None,
+                help="B: arms, comma-separated, of gateway, bare, gateway-tls, bare-tls, "
+                "gateway-nometrics, gateway-granian, bare-granian (default: the first five)",
+            )
+            scenario.add_argument(
+                "--b-wrk-only", dest="b_python", action="store_false", default=True,
+                help="B: only the wrk windows (no Python-client windows, profiles, batch)",
+            )
     report = sub.add_parser("report", help="tables and plots from a run")
     report.add_argument("--run", default=None, help="run name (default: the latest full run)")
     load = sub.add_parser("run", help="the load generator alone")
@@ -92,6 +104,10 @@ def _plan_with_l(plan: Plan, args: argparse.Namespace) -> Plan:
     changes = {field: value for field, value in given.items() if value is not None}
     if args.command == "all" and "l_rounds" not in changes:
         changes["l_rounds"] = plan.l_rounds_in_all
+    if getattr(args, "b_arms", None):
+        changes["b_arms"] = args.b_arms
+    if not getattr(args, "b_python", True):
+        changes["b_python"] = False
     return dataclasses.replace(plan, **changes)
 
 

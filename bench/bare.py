@@ -3,7 +3,9 @@ answering every captured route with the bytes the gateway sent for the same requ
 
 The handler reads the body and replays the capture: a non-streamed body in one response, a
 stream as one chunk per event from an async generator, i.e. the physical limit of the HTTP stack
-for the same wire traffic. Run: `python -m bench.bare --capture FILE --port P [--tls]`.
+for the same wire traffic. Run: `python -m bench.bare --capture FILE --port P [--tls]`;
+`--granian`: the same app on granian's embedded server in a uvloop loop (one Rust thread,
+HTTP/1.1, no lifespan), as `ServerConfig.httpRunner: "granian"` runs the gateway (plain HTTP).
 """
 
 from __future__ import annotations
@@ -64,8 +66,12 @@ def main() -> None:
     parser.add_argument("--capture", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--tls", action="store_true", help="mutual TLS with the dev certs")
+    parser.add_argument("--granian", action="store_true", help="granian instead of uvicorn")
     args = parser.parse_args()
     app = build_app(json.loads(args.capture.read_text()))
+    if args.granian:
+        serve_granian(app, args.port)
+        return
     tls: dict[str, Any] = {}
     if args.tls:
         tls = {
@@ -86,6 +92,19 @@ def main() -> None:
         log_level="warning",
         **tls,
     )
+
+
+def serve_granian(app: Starlette, port: int) -> None:
+    import uvloop
+    from granian.constants import HTTPModes, Interfaces
+    from granian.log import LogLevels
+    from granian.server.embed import Server
+
+    server = Server(
+        app, address="127.0.0.1", port=port, interface=Interfaces.ASGINL, http=HTTPModes.http1,
+        websockets=False, backlog=1024, log_level=LogLevels.warning,
+    )
+    uvloop.run(server.serve())
 
 
 if __name__ == "__main__":

@@ -738,6 +738,8 @@ def b_section(results: Results) -> tuple[str, dict[str, Any]]:
     parts.append(wrk_text)
     wrk_stream_text, ratios["wrk_stream"] = wrk_stream_section(results)
     parts.append(wrk_stream_text)
+    granian_text, ratios["granian"] = granian_section(results)
+    parts.append(granian_text)
     if data:
         _plot_b(ratios)
         parts.append("![Scenario B ratios](plots/b_ratios.png)\n")
@@ -941,6 +943,81 @@ def wrk_section(results: Results) -> tuple[str, dict[str, Any]]:
         parts += [f"- {_flag_text(w)}" for w in flagged]
         parts.append("")
     return "\n".join(parts), figures
+
+
+GRANIAN_ARMS = ("gateway", "gateway-granian", "bare-granian")  # each against "bare"
+
+
+def _cpu_per_unit(window: Row, path: str) -> float | None:
+    """The server's CPU µs per request (per event for streams) in one wrk window."""
+    rate = pick(window["summary"], path)
+    cpu = window.get("server_cpu_share")
+    return cpu / rate * 1e6 if rate and cpu is not None else None
+
+
+def granian_figures(results: Results, stream: bool) -> dict[str, dict[str, Any]]:
+    """protocol -> per arm of GRANIAN_ARMS: the median over rounds of the round's arm / bare
+    throughput and of bare / arm CPU per request (the throughput ratio each would have with a
+    saturated core of its own), with their spreads. Empty without gateway-granian windows."""
+    path = "events_per_s" if stream else "req_per_s"
+    chosen = [w for w in _wrk_windows(results, stream) if not w["summary"].get("flagged")]
+    if not any(w["arm"] == "gateway-granian" for w in chosen):
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for label in sorted({w["label"] for w in chosen}, key=_b_protocol_order):
+        windows = [w for w in chosen if w["label"] == label]
+        bare = _by_round([w for w in windows if w["arm"] == "bare"])
+        entry: dict[str, Any] = {}
+        for arm in GRANIAN_ARMS:
+            mine = _by_round([w for w in windows if w["arm"] == arm])
+            rounds = [k for k in mine if k in bare]
+            rate = [ratio(pick(mine[k]["summary"], path), pick(bare[k]["summary"], path))
+                    for k in rounds]  # fmt: skip
+            cpu = [ratio(_cpu_per_unit(bare[k], path), _cpu_per_unit(mine[k], path))
+                   for k in rounds]  # fmt: skip
+            entry[arm] = {
+                "ratio": median(rate), "spread": spread(rate),
+                "cpu_ratio": median(cpu), "cpu_spread": spread(cpu),
+                "cpu_us": median(_cpu_per_unit(mine[k], path) for k in rounds),
+            }  # fmt: skip
+        entry["bare"] = {"cpu_us": median(_cpu_per_unit(w, path) for w in bare.values())}
+        out[label.rpartition("-")[0]] = entry
+    return out
+
+
+def granian_section(results: Results) -> tuple[str, dict[str, Any]]:
+    """The opt-in HTTP runner (`ServerConfig.httpRunner: "granian"`) against the bare stack."""
+    found = {mode: granian_figures(results, mode == "stream") for mode in ("whole", "stream")}
+    if not found["whole"] and not found["stream"]:
+        return "", {}
+    parts = [
+        "### the granian runner with wrk\n",
+        "The gateway on `ServerConfig.httpRunner: \"granian\"` (gateway-granian) and the bare "
+        "app on granian embedded the same way (bare-granian), in the same rounds and wrk "
+        "windows as above, each against the bare Starlette + uvicorn arm. Throughput = median "
+        "over rounds of the round's arm / bare requests/s (events/s streamed); CPU = median of "
+        "bare / arm server CPU per request (per event), what the throughput ratio is when each "
+        "has a saturated core, which holds on a shared machine where the windows' throughput "
+        "does not.\n",
+    ]
+    rows = []
+    for mode, figures in found.items():
+        for protocol, entry in figures.items():
+            row = [protocol, mode, fmt(entry["bare"]["cpu_us"], 1)]
+            for arm in GRANIAN_ARMS:
+                arm_entry = entry[arm]
+                row += [
+                    f"{fmt_ratio(arm_entry['ratio'])} ({fmt_spread(arm_entry['spread'])})",
+                    f"{fmt_ratio(arm_entry['cpu_ratio'])} ({fmt_spread(arm_entry['cpu_spread'])})"
+                    f", {fmt(arm_entry['cpu_us'], 1)} µs",
+                ]
+            rows.append(row)
+    header = ["protocol", "mode", "bare CPU µs per request / event"]
+    for arm in GRANIAN_ARMS:
+        header += [f"{arm}/bare throughput", f"{arm} CPU ratio, µs"]
+    parts.append(table(header, rows))
+    parts.append("")
+    return "\n".join(parts), found
 
 
 def wrk_stream_section(results: Results) -> tuple[str, dict[str, Any]]:

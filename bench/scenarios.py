@@ -106,6 +106,8 @@ class Plan:
     b_wrk_stream: bool = True  # the streamed requests with wrk too
     b_wrk_stream_window_s: int = 2
     b_wrk_stream_warmup_s: int = 1
+    b_arms: tuple[str, ...] | None = None  # None: B_DEFAULT_ARMS (the granian arms are opt-in)
+    b_python: bool = True  # the Python client's windows and the batch first byte (off: wrk only)
     batch_sizes: tuple[int, ...] = (1, 8, 32)
     batch_reps: int = 5
     batch_token_delay_s: float = 0.05
@@ -458,10 +460,15 @@ B_VARIANTS: tuple[tuple[str, dict[str, bool]], ...] = (
     ("gateway-tls", {"tls": True, "metrics": True}),
     ("bare-tls", {"tls": True}),
     ("gateway-nometrics", {"tls": False, "metrics": False}),
+    # ServerConfig.httpRunner "granian", and the bare app on granian embedded the same way
+    ("gateway-granian", {"tls": False, "metrics": True, "granian": True}),
+    ("bare-granian", {"tls": False, "granian": True}),
 )
+B_DEFAULT_ARMS = ("gateway", "bare", "gateway-tls", "bare-tls", "gateway-nometrics")
 
 
-WRK_ARMS = ("gateway", "bare")  # plain HTTP: wrk cannot present a client certificate
+# plain HTTP: wrk cannot present a client certificate
+WRK_ARMS = ("gateway", "bare", "gateway-granian", "bare-granian")
 WRK_CPU = 1
 WRK_NO_TLS = (
     "plain HTTP only: wrk speaks TLS but cannot present a client certificate, and both TLS arms "
@@ -476,18 +483,33 @@ def scenario_b(run: Run, plan: Plan) -> None:
     os.sched_setaffinity(0, {WRK_CPU})
     run.note("placement", scenario="B", server_cpus=[0], client_cpus=[WRK_CPU])
     try:
+        arms = _b_arms(plan)
         wrk = wrk_setup(run, plan, prompts)
         for rnd in range(plan.b_rounds):
-            for variant, options in B_VARIANTS:
+            for variant, options in arms:
                 server = _start_b(variant, options, run, rnd, capture)
                 with session(server, run, "B", variant, round=rnd):
                     if not capture.exists():
                         capture_bytes(server, prompts, plan, capture)
                     _b_session(run, server, variant, plan, prompts, wrk, rnd)
-        if plan.batch_reps > 0:
+        if plan.batch_reps > 0 and plan.b_python:
             batch_first_byte(run, plan, prompts)
     finally:
         os.sched_setaffinity(0, client_cpus)
+
+
+def _b_arms(plan: Plan) -> list[tuple[str, dict[str, bool]]]:
+    """The plan's B arms in its order, with their options; the first one captures the answers
+    the bare arms replay, so it is a gateway arm."""
+    known = dict(B_VARIANTS)
+    names = plan.b_arms or B_DEFAULT_ARMS
+    unknown = [n for n in names if n not in known]
+    if unknown or names[0].startswith("bare"):
+        raise SystemExit(
+            f"B arms {','.join(names)}: the first must be a gateway arm (it captures the bare "
+            f"arms' answers) and each one of {', '.join(known)}"
+        )
+    return [(name, known[name]) for name in names]
 
 
 def _b_session(
@@ -502,7 +524,7 @@ def _b_session(
     """One B server's windows: the Python client on every protocol (whole, then streamed),
     then wrk on every protocol (plain arms; whole, then streamed), then the profiles (last
     round, gateway)."""
-    for protocol in B_PROTOCOLS:
+    for protocol in B_PROTOCOLS if plan.b_python else ():
         for stream in (False, True):
             workload = _b_workload(protocol, stream, prompts, plan)
             label = f"{protocol}-{'stream' if stream else 'whole'}"
@@ -513,7 +535,7 @@ def _b_session(
         if plan.b_wrk_stream:
             for protocol in B_PROTOCOLS:
                 wrk_window(run, server, variant, protocol, wrk, plan, stream=True, round=rnd)
-    if plan.profile and rnd == plan.b_rounds - 1 and variant == "gateway":
+    if plan.profile and plan.b_python and rnd == plan.b_rounds - 1 and variant == "gateway":
         for stream in (False, True):
             workload = replace(
                 _b_workload("openai-chat", stream, prompts, plan),
@@ -782,11 +804,14 @@ def _ms(seconds: float | None) -> str:
 
 def _start_b(variant: str, options: dict[str, bool], run: Run, rnd: int, capture: Path) -> Server:
     name = f"B-{variant}-r{rnd}"
-    tls = options["tls"]
+    tls, granian = options["tls"], options.get("granian", False)
     if variant.startswith("bare"):
-        return start_bare(name, run.logs, capture, tls=tls, cpus={0})
+        return start_bare(name, run.logs, capture, tls=tls, cpus={0}, granian=granian)
     switches = () if options["metrics"] else ("--no-metrics",)
-    return start_gateway(name, run.logs, engine="fake", tls=tls, variant=switches, cpus={0})
+    runner = {"ServerConfig": {"httpRunner": "granian"}} if granian else {}
+    return start_gateway(
+        name, run.logs, engine="fake", tls=tls, variant=switches, cpus={0}, overrides=runner
+    )
 
 
 def _b_workload(protocol: str, stream: bool, prompts: tuple[str, ...], plan: Plan) -> Workload:

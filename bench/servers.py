@@ -497,12 +497,20 @@ def start_vllm(
 
 
 def start_bare(
-    name: str, log_dir: Path, capture: Path, *, tls: bool = False, cpus: set[int] | None = None
+    name: str,
+    log_dir: Path,
+    capture: Path,
+    *,
+    tls: bool = False,
+    cpus: set[int] | None = None,
+    granian: bool = False,
 ) -> Server:
     port = free_port()
     argv = [PY, "-m", "bench.bare", "--capture", str(capture), "--port", str(port)]
     if tls:
         argv.append("--tls")
+    if granian:
+        argv.append("--granian")
     process, log_path = _spawn(name, "bare", argv, dict(ENGINE_ENV), log_dir, cpus)
     server = Server(
         name=name,

@@ -2,9 +2,11 @@
 bodies only, validated at the edge.
 
 Field names, types and bounds follow Anthropic's documentation and the `anthropic` SDK's
-`MessageCreateParams`; vLLM's extra `chat_template_kwargs` is taken too. Unknown request fields
-are ignored (agents send newer ones), but content blocks are told apart by their `type`: an
-unknown block type is a 400. Responses are plain dicts built in `translate.py`.
+`MessageCreateParams`; vLLM's extra `chat_template_kwargs` is taken too, and so is the beta's
+top-level `output_format` (older SDKs send it; current ones send `output_config.format`).
+Unknown request fields are ignored (agents send newer ones), but content blocks are told apart
+by their `type`: an unknown block type is a 400. Responses are plain dicts built in
+`translate.py`.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class Tool(_Wire):
     name: str = Field(min_length=1, max_length=128)
     description: str | None = None
     input_schema: dict[str, Any]
+    strict: bool | None = None
 
 
 class ToolChoice(_Wire):
@@ -97,6 +100,19 @@ class Thinking(_Wire):
     budget_tokens: int | None = Field(None, ge=1024)
 
 
+class JsonOutputFormat(_Wire):
+    """`output_config.format`: the answer's text is JSON valid against `schema` (`type` may be
+    left out, as vLLM takes it)."""
+
+    type: Literal["json_schema"] = "json_schema"
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Wire):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: JsonOutputFormat | None = None
+
+
 class CountTokensRequest(_Wire):
     """What a prompt is made of: `/v1/messages/count_tokens` takes exactly this."""
 
@@ -106,6 +122,8 @@ class CountTokensRequest(_Wire):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    output_format: JsonOutputFormat | None = None  # the structured-outputs beta's name
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extra
 
 

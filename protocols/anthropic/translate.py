@@ -2,10 +2,12 @@
 
 Inbound: a validated `MessagesRequest` → one chat `GenerationRequest` (system, turns with their
 content blocks, tools and `tool_choice` as a `ToolPlan`, `thinking` as the template's
-`enable_thinking`). Outbound: a `GenerationResult` → a `message` body, and events → Anthropic's
-named SSE events (`message_start`, `content_block_*`, `message_delta`, `message_stop`, `ping`).
-Tool calls and reasoning are read by the shared `ChoiceReader` (protocols/common/tools.py), so a
-forced call's `input` always validates against its `input_schema`.
+`enable_thinking`, `output_config.format` as structured output, `output_config.effort` as the
+template's `reasoning_effort`). Outbound: a `GenerationResult` → a `message` body, and events →
+Anthropic's named SSE events (`message_start`, `content_block_*`, `message_delta`,
+`message_stop`, `ping`). Tool calls and reasoning are read by the shared `ChoiceReader`
+(protocols/common/tools.py), so a forced call's `input` always validates against its
+`input_schema`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from protocols.anthropic import schema
 from protocols.common.bounds import bounded_max_tokens, stop_strings
 from protocols.common.budget import VLLM_CUTS
-from protocols.common.chat import template_kwargs
+from protocols.common.chat import template_kwargs, with_effort
 from protocols.common.tools import ChoiceReader, Function, ToolPlan, check_parameters
 from server.core.errors import InvalidRequest, Unsupported
 from server.core.frozen import quick_init
@@ -36,6 +38,7 @@ from server.core.types import (
     Sampling,
     SamplingDefaults,
     Started,
+    StructuredOutput,
     ToolCall,
     ToolCallPiece,
 )
@@ -90,7 +93,7 @@ def _functions(tools: Sequence[schema.Tool]) -> tuple[Function, ...]:
             name=tool.name,
             description=tool.description,
             parameters={"type": "object", **tool.input_schema},
-            strict=None,
+            strict=tool.strict,
         )
         for tool in tools
     )
@@ -98,10 +101,7 @@ def _functions(tools: Sequence[schema.Tool]) -> tuple[Function, ...]:
 
 def chat_prompt(body: schema.CountTokensRequest, plan: ToolPlan) -> ChatPrompt:
     """The conversation as the chat template renders it. A final assistant turn is continued
-    (Anthropic's prefill); `thinking` sets the template's `enable_thinking`."""
-    kwargs = dict(template_kwargs(body.chat_template_kwargs))
-    if body.thinking is not None:
-        kwargs.setdefault("enable_thinking", body.thinking.type != "disabled")
+    (Anthropic's prefill); `thinking` and `output_config.effort` set template variables."""
     messages = list(_system(body.system))
     for index, message in enumerate(body.messages):
         messages += _turn(message, index)
@@ -110,9 +110,47 @@ def chat_prompt(body: schema.CountTokensRequest, plan: ToolPlan) -> ChatPrompt:
         messages=tuple(messages),
         add_generation_prompt=not prefill,
         continue_final_message=prefill,
-        chat_template_kwargs=tuple(kwargs.items()),
+        chat_template_kwargs=_template_kwargs(body),
         tools=plan.tools_json,
     )
+
+
+def _template_kwargs(body: schema.CountTokensRequest) -> tuple[tuple[str, Any], ...]:
+    """`output_config.effort` is the template's `reasoning_effort` (as `reasoning_effort` on
+    /v1/chat/completions); `thinking` sets `enable_thinking`. Disabled thinking drops the
+    effort: vLLM applies `thinking` after `output_config` and replaces the effort."""
+    thinking = body.thinking.type if body.thinking is not None else None
+    effort = body.output_config.effort if body.output_config is not None else None
+    kwargs = dict(with_effort(
+        template_kwargs(body.chat_template_kwargs), None if thinking == "disabled" else effort
+    ))
+    if thinking is not None:
+        kwargs.setdefault("enable_thinking", thinking != "disabled")
+    return tuple(kwargs.items())
+
+
+def output_format(body: schema.CountTokensRequest) -> schema.JsonOutputFormat | None:
+    """`output_config.format`, or the beta's top-level `output_format` (not both)."""
+    given = body.output_config.format if body.output_config is not None else None
+    if body.output_format is None:
+        return given
+    if given is not None:
+        raise InvalidRequest(
+            "`output_format` and `output_config.format` cannot both be given; "
+            "`output_format` is deprecated, use `output_config.format`.",
+            param="output_format",
+        )
+    return body.output_format
+
+
+def _structured(body: schema.CountTokensRequest, plan: ToolPlan) -> StructuredOutput | None:
+    """A forced tool call (`any`, `tool`) is held to its schema even with a format given, as on
+    vLLM's chat path: its tool parser's `adjust_request` replaces `response_format` by the
+    tools' schema. Otherwise the format is vLLM's `response_format` of type json_schema."""
+    fmt = output_format(body)
+    if plan.forced or fmt is None:
+        return plan.structured()
+    return StructuredOutput(json_schema=jsonio.dumps(fmt.schema_).decode())
 
 
 def _system(system: str | list[schema.TextBlock] | None) -> list[ChatMessage]:
@@ -214,7 +252,7 @@ def _sampling(
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=body.top_k or 0,
         stop=stop_strings(body.stop_sequences, bounds, param="stop_sequences"),
-        structured=plan.structured(),
+        structured=_structured(body, plan),
         budget=VLLM_CUTS,  # as vLLM's chat path, which serves its Messages API
     )
     omitted = [name for name in ("temperature", "top_p", "top_k") if getattr(body, name) is None]

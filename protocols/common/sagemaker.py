@@ -60,8 +60,7 @@ def selectors(request: Request, service: InferenceService) -> Selectors:
     """The request's selectors; raises `ModelNotFound` for a model that is neither the base
     model nor a workflow (DJL's front refuses it before the body is read) and `AdapterNotFound`
     for an empty `?adapter=`."""
-    # most requests have no query string: no parsing for it
-    query = request.query_params if request.scope.get("query_string") else None
+    query = request.query_params if request.scope["query_string"] else None
     queried = query.getlist("adapter") if query is not None else []
     if queried and not queried[0]:
         raise AdapterNotFound("The adapter named by ?adapter= is empty", param="adapter")

@@ -41,7 +41,7 @@ from server.core.errors import (
 from server.core.lifecycle import State
 from server.core.types import Delta, GenerationEvent, Started
 from server.http import jsonio
-from server.http.body import decode_json, parse_model, read_body, request_id_header
+from server.http.body import JsonResponse, decode_json, parse_model, read_body, request_id_header
 from server.http.context import ProtocolContext, current_request_id, options_of
 from server.http.disconnect import until_disconnect
 from server.http.routes import (
@@ -168,10 +168,7 @@ async def _infer(ctx: ProtocolContext, request: Request, *, legacy: bool) -> Ans
     texts_of_prompt: list[str] = []
     if plan.prefill:
         texts_of_prompt = service.token_texts(list(result.prompt.prompt_token_ids))
-    return Response(
-        jsonio.dumps(responses.to_response(result, plan, texts_of_prompt)),
-        media_type=errors.JSON,
-    )
+    return JsonResponse(jsonio.dumps(responses.to_response(result, plan, texts_of_prompt)))
 
 
 def _adapters(ctx: ProtocolContext, names: list[str]) -> list[str]:

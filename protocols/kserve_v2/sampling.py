@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from protocols.common.budget import VLLM_REFUSES
 from protocols.kserve_v2.models import INPUT_SPECS
 from server.core.errors import InvalidRequest, Unsupported
-from server.core.frozen import quick_init
+from server.core.frozen import quick_init, replaced
 from server.core.sampling import vllm_structured, with_model_defaults
 from server.core.types import Sampling, SamplingDefaults, StructuredOutput
 from server.http import jsonio
@@ -321,10 +321,10 @@ def to_knobs(
                 param=knob.wire,
             )
     values = {name: knob.value for name, knob in knobs.items() if name in _SAMPLING_FIELDS}
-    sampling = replace(Sampling(max_new_tokens=default_max_tokens, budget=VLLM_REFUSES), **values)
+    sampling = Sampling(**{"max_new_tokens": default_max_tokens, "budget": VLLM_REFUSES, **values})
     greedy = "do_sample" in knobs and not knobs["do_sample"].value
     if greedy:
-        sampling = replace(sampling, temperature=0.0)  # MindIE/TGI: do_sample=false is greedy
+        sampling = replaced(sampling, temperature=0.0)  # MindIE/TGI: do_sample=false is greedy
     omitted = [name for name in DEFAULTED if name not in knobs]
     sampling = with_model_defaults(sampling, defaults, omitted, greedy=greedy)
     _check_bounds(sampling, knobs, bounds)

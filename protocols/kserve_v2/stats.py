@@ -104,7 +104,9 @@ class InferenceStats:
         return RequestTimer(self, model)
 
     def book(self, model: str, marks: list[int], *, ok: bool) -> None:
-        stats = self._models.setdefault(model, ModelStats())
+        stats = self._models.get(model)
+        if stats is None:  # not setdefault: a ModelStats is ten objects, built once per model
+            stats = self._models[model] = ModelStats()
         (stats.success if ok else stats.fail).add(marks[-1] - marks[0])
         if ok:  # Triton counts successful inferences only
             stats.inference_count += 1

@@ -7,7 +7,6 @@ cross-field rules are checked here, before the engine.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import TypeVar, cast
 
 from protocols.common.bounds import bounded_max_tokens, stop_strings
@@ -19,6 +18,7 @@ from protocols.openai_v1 import schema, tools, unserved
 from protocols.openai_v1.structured import to_structured
 from server.core.composition import merge_from_wire
 from server.core.errors import InvalidRequest, Unsupported
+from server.core.frozen import replaced
 from server.core.types import (
     AdapterMerge,
     ChatMessage,
@@ -67,7 +67,7 @@ def chat_request(
     prompt = chat_prompt(body, tools_json=plan.tools_json)
     sampling = to_sampling(body, bounded_max_tokens(max_tokens, bounds), bounds, defaults)
     if plan.forced:
-        sampling = replace(sampling, structured=plan.structured())
+        sampling = replaced(sampling, structured=plan.structured())
     return GenerationRequest(
         request_id=request_id,
         model=body.model or "",

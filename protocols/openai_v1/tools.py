@@ -95,6 +95,8 @@ def _named_choice(choice: dict[str, Any], functions: Sequence[Function]) -> str:
 
 
 def _functions(tools: Sequence[schema.ToolParam]) -> tuple[Function, ...]:
+    if not tools:  # most requests
+        return ()
     for index, tool in enumerate(tools):
         check_parameters(tool.function.parameters, f"tools.{index}.function.parameters")
     return tuple(

@@ -30,6 +30,7 @@ from server.http.routes import Access, Answer, Doc, Endpoint, Route, RouteList
 from server.http.streaming import EventStreamAnswer
 
 COMPUTE_TYPE = "vllm"
+_COMPUTE_TYPE = COMPUTE_TYPE.encode()
 NAME = "tgi"
 
 
@@ -100,7 +101,7 @@ def _check_adapter(ctx: ProtocolContext, name: str) -> None:
 
 async def _run(
     ctx: ProtocolContext, prepared: _Prepared
-) -> tuple[dict[str, object], dict[str, str]]:
+) -> tuple[dict[str, object], list[tuple[bytes, bytes]]]:
     result = await ctx.service.generate(prepared.request)
     rendering = prepared.rendering
     if prepared.plan.prefill:
@@ -113,21 +114,29 @@ async def _run(
     return body, _timing_headers(prepared, len(result.prompt.prompt_token_ids), generated)
 
 
-def _timing_headers(prepared: _Prepared, prompt_tokens: int, generated: int) -> dict[str, str]:
+def _timing_headers(
+    prepared: _Prepared, prompt_tokens: int, generated: int
+) -> list[tuple[bytes, bytes]]:
+    """TGI's timing headers, already encoded (every non-streamed answer carries nine)."""
     now = time.perf_counter()
     total = now - prepared.started_at
     inference_ms = int((now - prepared.validated_at) * 1000)
-    return {
-        "x-compute-type": COMPUTE_TYPE,
-        "x-compute-time": repr(total),
-        "x-compute-characters": str(len(prepared.body.inputs)),
-        "x-total-time": str(int(total * 1000)),
-        "x-validation-time": str(int((prepared.validated_at - prepared.started_at) * 1000)),
-        "x-inference-time": str(inference_ms),
-        "x-time-per-token": str(inference_ms // max(generated, 1)),
-        "x-prompt-tokens": str(prompt_tokens),
-        "x-generated-tokens": str(generated),
-    }
+    return [
+        (b"x-compute-type", _COMPUTE_TYPE),
+        (b"x-compute-time", repr(total).encode()),
+        (b"x-compute-characters", b"%d" % len(prepared.body.inputs)),
+        (b"x-total-time", b"%d" % int(total * 1000)),
+        (b"x-validation-time", b"%d" % int((prepared.validated_at - prepared.started_at) * 1000)),
+        (b"x-inference-time", b"%d" % inference_ms),
+        (b"x-time-per-token", b"%d" % (inference_ms // max(generated, 1))),
+        (b"x-prompt-tokens", b"%d" % prompt_tokens),
+        (b"x-generated-tokens", b"%d" % generated),
+    ]
+
+
+def _with_headers(response: Response, headers: list[tuple[bytes, bytes]]) -> Response:
+    response.raw_headers += headers
+    return response
 
 
 class _Events(TokenEventStream):
@@ -180,7 +189,7 @@ def generate(ctx: ProtocolContext) -> Endpoint:
     async def endpoint(request: Request) -> Answer:
         prepared = _prepare(ctx, request, await _read(ctx, request), stream=False)
         body, headers = await until_disconnect(request, _run(ctx, prepared))
-        return json_response(body, headers=headers)
+        return _with_headers(json_response(body), headers)
 
     return endpoint
 
@@ -205,7 +214,7 @@ async def _compat(
     if prepared.plan.stream:
         return await _stream(ctx, prepared)
     result, headers = await until_disconnect(request, _run(ctx, prepared))
-    return json_response([result], headers=headers)
+    return _with_headers(json_response([result]), headers)
 
 
 def compat(ctx: ProtocolContext) -> Endpoint:

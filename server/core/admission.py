@@ -139,14 +139,16 @@ class Admission:
         """Report to `watcher` from now on (the metrics, built after admission)."""
         self._watcher = watcher
 
+    def try_acquire(self, count: int = 1, key: str = BASE) -> bool:
+        """Take `count` slots for a request on adapter `key` if it need not wait (most requests:
+        no coroutine to await); False leaves it to `acquire`."""
+        return self._take_now(count, key, self._clock())
+
     async def acquire(self, count: int = 1, key: str = BASE) -> None:
         """Take `count` slots for a request on adapter `key` ("" = the base model), waiting
         for its turn in the queue. Raises `Overloaded`."""
         now = self._clock()
-        if self._fits(count) and self._may_start(key, now) and (
-            not self._queues or self._next_key(now) is None  # nobody it may overtake waits
-        ):
-            self._grant(key, count, now)
+        if self._take_now(count, key, now):
             return
         if self.waiting + count > self._limits.max_queue:
             raise Overloaded(retry_after_s=self._limits.retry_after_s)
@@ -162,6 +164,14 @@ class Admission:
             if isinstance(exc, TimeoutError):
                 raise Overloaded("Request timed out waiting in the queue") from None
             raise
+
+    def _take_now(self, count: int, key: str, now: float) -> bool:
+        if self._fits(count) and self._may_start(key, now) and (
+            not self._queues or self._next_key(now) is None  # nobody it may overtake waits
+        ):
+            self._grant(key, count, now)
+            return True
+        return False
 
     def release(self, count: int = 1, key: str = BASE) -> None:
         self.running -= count

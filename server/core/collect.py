@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from server.core.errors import EngineError
@@ -83,12 +83,20 @@ class _Folder:
     def result(self, *, request_id: str, model: str) -> GenerationResult:
         if self._usage is None:
             raise EngineError("generation ended without a result")
-        prompts = self._prompts
         parts = self._parts
         return GenerationResult(
             request_id=request_id,
             model=model,
-            prompts=tuple(prompts[i] for i in sorted(prompts)) or (Started(prompt_token_ids=()),),
-            choices=tuple(parts[i].to_choice(i) for i in sorted(parts)),
+            prompts=_in_order(self._prompts) or (Started(prompt_token_ids=()),),
+            choices=tuple([parts[i].to_choice(i) for i in _order(parts)]),
             usage=self._usage,
         )
+
+
+def _order(items: Mapping[int, object]) -> Iterable[int]:
+    """The keys in order; most answers have one prompt and one choice (nothing to sort)."""
+    return items if len(items) < 2 else sorted(items)
+
+
+def _in_order(items: dict[int, Started]) -> tuple[Started, ...]:
+    return tuple(items.values()) if len(items) < 2 else tuple(items[i] for i in sorted(items))

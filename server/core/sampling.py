@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from server.core.errors import InvalidRequest, Unsupported
+from server.core.frozen import replaced
 from server.core.json_limits import strict_loads
 from server.core.types import Sampling, SamplingDefaults, StructuredOutput
 
@@ -45,7 +45,7 @@ def with_model_defaults(
         if value is None or (greedy and name in WARPERS):
             continue
         values[name] = None if name == "max_new_tokens" else value
-    return replace(sampling, **values) if values else sampling
+    return replaced(sampling, **values) if values else sampling
 
 
 def omitted_fields(source: object, names: Iterable[str]) -> list[str]:

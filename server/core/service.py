@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Sequence
-from dataclasses import replace
 from functools import partial
 
 from server.core.adapters import AdapterRegistry
@@ -29,6 +28,7 @@ from server.core.errors import (
     RequestNotFound,
     ServiceUnavailable,
 )
+from server.core.frozen import replaced
 from server.core.json_limits import check_schema_depth
 from server.core.lifecycle import Lifecycle
 from server.core.overhead import on_engine
@@ -196,7 +196,8 @@ class InferenceService:
             self._gate()
             self.lifecycle.enter(count)
             try:
-                await on_engine(self.admission.acquire(count, key))
+                if not self.admission.try_acquire(count, key):
+                    await on_engine(self.admission.acquire(count, key))
                 if self._abort_reason is not None:
                     self.admission.release(count, key)
                     raise self._abort_reason
@@ -246,7 +247,7 @@ class InferenceService:
                 self.observer.rejected(request, exc.error_type)
             raise
         if adapter is not None:
-            request = replace(request, adapter=adapter.name)
+            request = replaced(request, adapter=adapter.name)
         engine_id = f"{request.request_id}-{next(self._ids)}"
         stream = EventStream(
             request,

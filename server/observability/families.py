@@ -62,10 +62,16 @@ class Observations:
         self.sum += value
 
     def observe_each(self, values: Iterable[float]) -> None:
-        counts, bounds = self.counts, self._bounds
+        """A request's token gaps: often the same value many times (a non-streamed answer's
+        mean gap), looked up once per run of equal values; the sum adds them one by one."""
+        counts, bounds, total = self.counts, self._bounds, self.sum
+        last, index = None, 0
         for value in values:
-            counts[bisect_left(bounds, value)] += 1
-            self.sum += value
+            if value != last:
+                index, last = bisect_left(bounds, value), value
+            counts[index] += 1
+            total += value
+        self.sum = total
 
 
 class FileValue(Protocol):

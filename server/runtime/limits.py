@@ -80,6 +80,9 @@ class HttpLimits:
         )
 
 
+_base = HttpToolsProtocol
+
+
 class _HeadRefused(Exception):
     """Raised inside a parser callback; httptools turns it into HttpParserCallbackError."""
 
@@ -89,6 +92,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     connection cap. Subclassed per listener by `limited_protocol` (which sets `limits`)."""
 
     limits: ClassVar[HttpLimits]
+    _max_head: ClassVar[int]  # limits.max_header_bytes
+    _max_count: ClassVar[int]  # limits.max_header_count
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -131,16 +136,18 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         return True
 
     # ---- request head ---------------------------------------------------------------------
+    # The callbacks below run for every request: they call uvicorn's own directly (not through
+    # super(), a lookup per call) and read the limits from the class (`limited_protocol`).
     def data_received(self, data: bytes) -> None:
         if self._in_head:
             self._raw_head += len(data)
-        super().data_received(data)
-        too_long = self._in_head and self._raw_head > self.limits.max_header_bytes
+        _base.data_received(self, data)
+        too_long = self._in_head and self._raw_head > self._max_head
         if too_long and not self.transport.is_closing():
             self._answer(431, "Request header fields too large")
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        _base.on_message_begin(self)
         self._in_message = True
         self._in_head = True
         self._head_bytes = 0
@@ -153,15 +160,15 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_url(self, url: bytes) -> None:
         self.url += url
         self._head_bytes += len(url)
-        if len(self.url) > self.limits.max_header_bytes:
+        if len(self.url) > self._max_head:
             self._refuse(414, "URI too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
         self._head_bytes += len(name) + len(value) + 4  # ": " and CRLF
-        if self._header_count > self.limits.max_header_count:
+        if self._header_count > self._max_count:
             self._refuse(431, "Too many request header fields")
-        if self._head_bytes > self.limits.max_header_bytes:
+        if self._head_bytes > self._max_head:
             self._refuse(431, "Request header fields too large")
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
@@ -171,14 +178,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._raw_head = 0
-        super().on_headers_complete()
+        _base.on_headers_complete(self)
 
     def on_message_complete(self) -> None:
         self._in_message = False
         self._in_head = True
         self._raw_head = 0
         self._arriving = False  # the deadline's timer, if armed, finds nothing to time out
-        super().on_message_complete()
+        _base.on_message_complete(self)
 
     def _refuse(self, status: int, message: str) -> None:
         self._refusal = (status, message)
@@ -272,7 +279,15 @@ def _never_used(connection: LimitedHttpToolsProtocol) -> bool:
 
 def limited_protocol(limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
     """A protocol class for one listener (uvicorn instantiates it per connection)."""
-    return type("ListenerHttpProtocol", (LimitedHttpToolsProtocol,), {"limits": limits})
+    return type(
+        "ListenerHttpProtocol",
+        (LimitedHttpToolsProtocol,),
+        {
+            "limits": limits,
+            "_max_head": limits.max_header_bytes,
+            "_max_count": limits.max_header_count,
+        },
+    )
 
 
 # ---- body backstop ----------------------------------------------------------------------

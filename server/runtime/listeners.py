@@ -1,5 +1,7 @@
-"""The HTTP listeners: data, management and metrics (those on one address merged), each a
-uvicorn server without its own signal handling, serving a socket bound before the engine starts.
+"""The HTTP listeners: data, management and metrics (those on one address merged), each an
+HTTP server without its own signal handling, serving a socket bound before the engine starts:
+uvicorn by default, granian with `ServerConfig.httpRunner: "granian"`
+(server/runtime/granian_runner.py).
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ import contextlib
 import socket
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -43,12 +46,47 @@ def plan_listeners(settings: Settings) -> list[Listener]:
     ]
 
 
+class HttpServer(Protocol):
+    """What server/runtime/process.py needs of a listener's server."""
+
+    @property
+    def started(self) -> bool:
+        """True once it accepts connections."""
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        """Serve the one bound socket until stopped."""
+
+    def stop(self) -> None:
+        """Stop accepting; open requests finish (bounded), then `serve` returns."""
+
+
 class GatewayServer(uvicorn.Server):
     """uvicorn without its own signal handling: the gateway owns signals."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+    def stop(self) -> None:
+        self.should_exit = True
+
+
+def build_server(app: ASGIApp, listener: Listener, settings: Settings) -> HttpServer:
+    """The listener's server, of the runner `ServerConfig.httpRunner` names."""
+    if settings.server.http_runner == "granian":
+        from server.runtime.granian_runner import GranianServer
+
+        files = tls_files(settings, listener.tls_listener)
+        check_bind_address(settings.server, listener.host, files is not None)
+        return GranianServer(
+            app, HttpLimits.from_settings(settings.server), files, graceful_stop_s(settings)
+        )
+    return GatewayServer(uvicorn_config(app, listener, settings))
+
+
+def graceful_stop_s(settings: Settings) -> float:
+    """How long a stopping listener waits for its open connections (after the drain)."""
+    return settings.limits.drain_timeout_s + 5
 
 
 def uvicorn_config(app: ASGIApp, listener: Listener, settings: Settings) -> uvicorn.Config:
@@ -65,7 +103,7 @@ def uvicorn_config(app: ASGIApp, listener: Listener, settings: Settings) -> uvic
         access_log=False,  # server/metrics.py writes the access log, with the request id
         log_config=None,
         timeout_keep_alive=int(settings.server.keep_alive_timeout_s),
-        timeout_graceful_shutdown=int(settings.limits.drain_timeout_s) + 5,
+        timeout_graceful_shutdown=int(graceful_stop_s(settings)),
         # backstop only: server/runtime/limits.py already caps connections at 3 × maxLinkNum
         limit_concurrency=settings.server.max_links * CONNECTIONS_PER_LINK + 1,
         server_header=False,

@@ -1,7 +1,8 @@
 """The process: listeners bound first (health says "starting"; a taken port stops the start
 before the engine), then the engine, then READY.
 
-One event loop runs one uvicorn server per distinct address; the gateway owns the signals, so
+One event loop runs one HTTP server per distinct address (uvicorn, or granian when
+`ServerConfig.httpRunner` says so); the gateway owns the signals, so
 SIGTERM, SIGINT and GET /stopService all take the same drain path (`Shutdown.request`): stop
 admitting, let in-flight requests finish (bounded by drainTimeout, then abort them with an
 in-band error), shut the engine down, close the listeners, exit 0.
@@ -38,7 +39,7 @@ from server.runtime.grpc_listener import (
     stop_grpc,
 )
 from server.runtime.limits import check_uvicorn
-from server.runtime.listeners import GatewayServer, Listener, plan_listeners, uvicorn_config
+from server.runtime.listeners import HttpServer, Listener, build_server, plan_listeners
 from server.runtime.placement import Placement
 from server.runtime.ports import PortUnavailable
 from server.runtime.worker import Worker
@@ -94,10 +95,7 @@ async def serve(  # noqa: PLR0915 - the start-up sequence, one step per line
     grpc_plan = placement.grpc_plan(settings)
     saved = placement.saved_adapters(settings)
     holders = [StartingApp(lifecycle, starting_answers(ln.roles)) for ln in listeners]
-    servers = [
-        GatewayServer(uvicorn_config(h, ln, settings))
-        for h, ln in zip(holders, listeners, strict=True)
-    ]
+    servers = [build_server(h, ln, settings) for h, ln in zip(holders, listeners, strict=True)]
     try:
         sockets, bound_grpc = _bind(listeners, grpc_plan, placement)
     except PortUnavailable as exc:
@@ -263,7 +261,7 @@ async def _failed_start(
     what: str,
     exc: Exception,
     lifecycle: Lifecycle,
-    servers: list[GatewayServer],
+    servers: list[HttpServer],
     tasks: list[asyncio.Task[None]],
 ) -> int:
     logger.error("%s", what, exc_info=exc)
@@ -292,7 +290,7 @@ async def _unbind_grpc(bound: BoundGrpc | None) -> None:
 
 
 async def _open(
-    servers: list[GatewayServer],
+    servers: list[HttpServer],
     listeners: list[Listener],
     since: float,
     sockets: Sequence[socket.socket],
@@ -310,7 +308,7 @@ async def _open(
     return tasks
 
 
-async def _close_servers(servers: list[GatewayServer], tasks: list[asyncio.Task[None]]) -> None:
+async def _close_servers(servers: list[HttpServer], tasks: list[asyncio.Task[None]]) -> None:
     for server in servers:
-        server.should_exit = True
+        server.stop()
     await asyncio.gather(*tasks, return_exceptions=True)

@@ -207,11 +207,12 @@ def grpc_credentials(files: TlsFiles) -> grpc.ServerCredentials:
     encrypted key is decrypted with its tlsPkPwd; gRPC takes only plain PEM)."""
     build_context(files)
     roots = b"".join(Path(ca).read_bytes() for ca in files.ca_files)
-    pair = (_plain_key(files), Path(files.cert).read_bytes())
+    pair = (plain_key(files), Path(files.cert).read_bytes())
     return grpc.ssl_server_credentials([pair], root_certificates=roots, require_client_auth=True)
 
 
-def _plain_key(files: TlsFiles) -> bytes:
+def plain_key(files: TlsFiles) -> bytes:
+    """The private key as plain PEM (decrypted with its tlsPkPwd when encrypted)."""
     pem = Path(files.key).read_bytes()
     password = _password(files)  # build_context has already checked it opens the key
     if not isinstance(password, bytes):

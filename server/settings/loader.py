@@ -86,6 +86,7 @@ ALIASES: Final[dict[str, tuple[str, ...]]] = {
     "ServerConfig.keepAliveTimeout": ("server.keep_alive_timeout_s",),
     "ServerConfig.workers": ("server.workers",),
     "ServerConfig.drainDelay": ("server.drain_delay",),
+    "ServerConfig.httpRunner": ("server.http_runner",),
     "ModelConfig.modelName": ("model.name",),
     "ModelConfig.modelWeightPath": ("model.weight_path",),
     "ModelConfig.dtype": ("model.dtype",),

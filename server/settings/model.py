@@ -67,6 +67,9 @@ class ServerSettings(_Section):
     # seconds a stopping server keeps serving new requests while readiness already fails (the
     # lame-duck period, before LimitsConfig.drainTimeout): docs/operations.md, Graceful stop
     drain_delay: float = Field(5.0, ge=0, le=3600)
+    # what serves HTTP: uvicorn (default) or granian, a compiled server (the `granian` extra):
+    # docs/operations.md, HTTP runner
+    http_runner: Literal["uvicorn", "granian"] = "uvicorn"
 
     @property
     def max_request_bytes(self) -> int:

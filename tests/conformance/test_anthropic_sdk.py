@@ -1,21 +1,25 @@
 """The official `anthropic` SDK against the gateway process on the real vLLM engine (tiny demo
 model, adapters a1-a3, the Hermes tool-call parser): messages.create and messages.stream, an
 adapter as `model` answering as it does on /v1/chat/completions, stop sequences, forced tool
-calls held to their schema, a tool_result round trip, count_tokens, and every error the
+calls held to their schema, a tool_result round trip, count_tokens, structured outputs
+(`output_config.format`, `messages.parse`) and `output_config.effort`, and every error the
 gateway can give a Messages client in Anthropic's shape and the SDK's exception types."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import anthropic
 import jsonschema
+import openai
+import pydantic
 import pytest
 from openai import OpenAI
 
 from tests.serverproc import RunningServer
-from tests.unit.test_anthropic_translate import WEATHER
+from tests.unit.test_anthropic_translate import FORMAT, MOOD, WEATHER
 
 pytestmark = [pytest.mark.engine, pytest.mark.server]
 
@@ -34,6 +38,13 @@ TOOLS: list[Any] = [
         "required": ["a", "b"]}},
 ]
 CALL = {"city": "Paris", "days": 2}
+# The demo model writes JSON whitespace freely: greedy, it closes the object in under 100 tokens.
+JSON_ASK: dict[str, Any] = {
+    "model": "tiny", "messages": [{"role": "user", "content": "Answer in JSON:"}],
+    "max_tokens": 200, "extra_body": {"temperature": 0},
+}
+BAD_SCHEMA: Any = {"type": "object", "properties": {"a": {"type": "frog"}}}
+BAD_FORMAT: Any = {"type": "json_schema", "schema": BAD_SCHEMA}
 ROUND_TRIP: list[Any] = [
     {"role": "user", "content": "What is the weather in Paris?"},
     {"role": "assistant", "content": [
@@ -180,6 +191,80 @@ def test_a_tool_result_round_trip_is_the_chat_conversation(
     assert counted.input_tokens == message.usage.input_tokens
 
 
+# ---- output_config -----------------------------------------------------------------------------
+
+
+class Mood(pydantic.BaseModel):
+    mood: Literal["good", "bad"]
+    sure: bool
+
+
+def test_an_output_format_holds_the_text_to_its_schema(client: anthropic.Anthropic) -> None:
+    parsed = client.messages.parse(output_format=Mood, **JSON_ASK)  # sent as output_config
+    assert isinstance(parsed.parsed_output, Mood) and parsed.stop_reason == "end_turn"
+    whole = client.messages.create(output_config={"format": FORMAT}, **JSON_ASK)
+    jsonschema.validate(json.loads(text_of(whole)), MOOD)
+    with client.messages.stream(output_config={"format": FORMAT}, **JSON_ASK) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert "".join(pieces) == text_of(final) == text_of(whole) and len(pieces) > 1
+    beta = client.post("/v1/messages", cast_to=object, body={  # the beta's own field
+        **{k: v for k, v in JSON_ASK.items() if k != "extra_body"}, "temperature": 0,
+        "output_format": FORMAT})
+    assert isinstance(beta, dict) and beta["content"][0]["text"] == text_of(whole)
+
+
+def test_a_forced_tool_call_wins_over_the_output_format(client: anthropic.Anthropic) -> None:
+    message = client.messages.create(
+        tools=TOOLS, tool_choice={"type": "tool", "name": "add"},
+        output_config={"format": FORMAT}, **{**JSON_ASK, "max_tokens": 60},
+    )
+    [call] = message.content
+    assert call.type == "tool_use" and call.name == "add"
+    jsonschema.validate(call.input, TOOLS[1]["input_schema"])
+
+
+def test_effort_reaches_the_template(client: anthropic.Anthropic) -> None:
+    """The demo template writes `Reasoning: <effort>` and opens a think block for it."""
+    plain = client.messages.count_tokens(model="tiny", messages=TURNS).input_tokens
+    low = client.messages.count_tokens(
+        model="tiny", messages=TURNS, output_config={"effort": "low"}
+    ).input_tokens
+    assert low > plain + 1
+    message = client.messages.create(
+        model="tiny", messages=TURNS, max_tokens=2, output_config={"effort": "low"}
+    )
+    assert message.usage.input_tokens == low
+    off = client.messages.count_tokens(
+        model="tiny", messages=TURNS, output_config={"effort": "max"},
+        thinking={"type": "disabled"},
+    )
+    assert off.input_tokens == plain  # disabled thinking replaces the effort, as vLLM
+
+
+def test_a_schema_the_engine_refuses_is_the_chat_paths_400(
+    client: anthropic.Anthropic, chat: OpenAI
+) -> None:
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(output_config={"format": BAD_FORMAT}, **JSON_ASK)
+    with pytest.raises(anthropic.BadRequestError) as streamed, client.messages.stream(
+        output_config={"format": BAD_FORMAT}, **JSON_ASK
+    ) as stream:
+        stream.get_final_message()
+    with pytest.raises(openai.BadRequestError) as openai_refused:
+        chat.chat.completions.create(
+            model="tiny", messages=TURNS, max_tokens=4,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "x", "schema": BAD_SCHEMA}},
+        )
+    assert refused.value.body == streamed.value.body == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "Grammar error: Invalid type: frog"}}
+    assert openai_refused.value.body == {  # the OpenAI SDK's body is the `error` object
+        "message": "Grammar error: Invalid type: frog", "type": "BadRequestError",
+        "param": None, "code": 400}
+    assert_serving(client)
+
+
 def test_count_tokens_is_the_messages_input_tokens(client: anthropic.Anthropic) -> None:
     counted = client.messages.count_tokens(model="tiny", system=SYSTEM, messages=TURNS)
     message = client.messages.create(model="tiny", system=SYSTEM, messages=TURNS, max_tokens=1)
@@ -203,6 +288,19 @@ def test_count_tokens_is_the_messages_input_tokens(client: anthropic.Anthropic) 
          "text only"),
         ({"model": "tiny", "max_tokens": 4, "messages": TURNS, "tools": TOOLS,
           "tool_choice": {"type": "tool", "name": "nope"}}, "not in `tools`"),
+        ({"model": "tiny", "max_tokens": 4, "messages": TURNS,
+          "output_config": {"format": {"type": "json_object", "schema": MOOD}}},
+         "output_config.format.type: Input should be 'json_schema'"),
+        ({"model": "tiny", "max_tokens": 4, "messages": TURNS,
+          "output_config": {"format": {"type": "json_schema", "schema": True}}},
+         "output_config.format.schema: Input should be a valid dictionary"),
+        ({"model": "tiny", "max_tokens": 4, "messages": TURNS,
+          "output_config": {"format": {"type": "json_schema"}}},
+         "output_config.format.schema: Field required"),
+        ({"model": "tiny", "max_tokens": 4, "messages": TURNS,
+          "output_config": {"effort": "extreme"}}, "output_config.effort: Input should be"),
+        ({"model": "tiny", "max_tokens": 4, "messages": TURNS, "output_format": FORMAT,
+          "output_config": {"format": FORMAT}}, "`output_format` and `output_config.format`"),
     ],
 )
 def test_bad_input_is_an_invalid_request_error(

@@ -104,6 +104,24 @@ async def test_a_batch_at_the_head_of_its_turn_is_not_overtaken() -> None:
     assert (admission.running, admission.waiting) == (0, 0)
 
 
+async def test_try_acquire_takes_free_slots_and_never_queues_or_overtakes() -> None:
+    admission = Admission(Limits(max_concurrent=2))
+    assert admission.try_acquire(1, "a") and admission.try_acquire(1, "b")
+    assert not admission.try_acquire(1, "a")  # full: the request goes to `acquire`
+    assert (admission.running, admission.waiting, admission.queued()) == (2, 0, {})
+    waiter = asyncio.create_task(admission.acquire(1, "c"))
+    await asyncio.sleep(0)
+    admission.release(1, "a")
+    await waiter  # the waiter got the freed slot, not a later try_acquire
+    admission.release(1, "b")
+    batch = asyncio.create_task(admission.acquire(2, "d"))  # one slot free: the batch waits
+    await asyncio.sleep(0)
+    assert not admission.try_acquire(1, "e")  # the waiting batch's turn is not overtaken
+    admission.release(1, "c")
+    await batch
+    assert (admission.running, admission.waiting) == (2, 0)
+
+
 async def test_the_queue_bound_counts_every_adapter() -> None:
     admission = Admission(Limits(max_concurrent=1, max_queue=3))
     await admission.acquire()

@@ -4,13 +4,15 @@ error class through the SDK's own exception types."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import anthropic
 import httpx
 import httpx2
 import jsonschema
+import pydantic
 import pytest
 
 from protocols.anthropic import schema, translate
@@ -22,8 +24,10 @@ from server.core.types import (
     Done,
     FinishReason,
     ParsedOutput,
+    Sampling,
     SamplingDefaults,
     Started,
+    StructuredOutput,
     ToolCall,
     Usage,
 )
@@ -44,6 +48,18 @@ TOOLS: list[Any] = [
     {"name": "noop", "input_schema": {"type": "object", "properties": {}}},
 ]
 USER: list[Any] = [{"role": "user", "content": "hello there"}]
+MOOD: dict[str, Any] = {
+    "type": "object",
+    "properties": {"mood": {"enum": ["good", "bad"]}, "sure": {"type": "boolean"}},
+    "required": ["mood", "sure"],
+    "additionalProperties": False,
+}
+FORMAT: Any = {"type": "json_schema", "schema": MOOD}
+
+
+class Mood(pydantic.BaseModel):
+    mood: Literal["good", "bad"]
+    sure: bool
 
 
 def body(**fields: Any) -> schema.MessagesRequest:
@@ -193,6 +209,74 @@ def test_sampling_takes_the_request_then_the_models_defaults() -> None:
     assert caught.value.param == "stop_sequences"
 
 
+def sampling_of(**fields: Any) -> Sampling:
+    request = body(**fields)
+    return translate.message_request(
+        request, request_id="r", plan=translate.tool_plan(request, tool_call_parser=None),
+        bounds=RequestBounds(), defaults=SamplingDefaults(),
+    ).sampling
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"output_config": {"format": FORMAT}},
+        {"output_config": {"format": {"schema": MOOD}}},  # `type` left out, as vLLM takes it
+        {"output_format": FORMAT},  # the beta's name
+        {"output_format": FORMAT, "output_config": {"effort": "low"}},
+        {"output_config": {"format": FORMAT}, "tools": TOOLS},  # tools called freely
+    ],
+)
+def test_an_output_format_is_a_json_schema_constraint(fields: dict[str, Any]) -> None:
+    assert sampling_of(**fields).structured == StructuredOutput(
+        json_schema=json.dumps(MOOD, separators=(",", ":"))
+    )
+
+
+def test_a_forced_tool_call_wins_over_the_output_format() -> None:
+    for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+        forced = body(tools=TOOLS, tool_choice=choice)
+        plan = translate.tool_plan(forced, tool_call_parser=None)
+        given = sampling_of(tools=TOOLS, tool_choice=choice, output_config={"format": FORMAT})
+        assert given.structured == plan.structured()
+    assert sampling_of().structured is None
+    assert sampling_of(output_config={"effort": "high"}).structured is None
+
+
+def test_both_output_formats_are_refused_naming_the_beta_one() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        sampling_of(output_format=FORMAT, output_config={"format": FORMAT})
+    assert caught.value.param == "output_format"
+
+
+def test_effort_is_the_templates_reasoning_effort() -> None:
+    def kwargs(**fields: Any) -> dict[str, Any]:
+        return dict(translate.chat_prompt(body(**fields), ToolPlan()).chat_template_kwargs)
+
+    assert kwargs(output_config={"effort": "xhigh"}) == {
+        "reasoning_effort": "xhigh", "enable_thinking": True}
+    assert kwargs(output_config={"effort": "low"}, thinking={"type": "adaptive"}) == {
+        "reasoning_effort": "low", "enable_thinking": True}
+    # vLLM applies `thinking` after `output_config`: disabled thinking replaces the effort
+    assert kwargs(output_config={"effort": "max"}, thinking={"type": "disabled"}) == {
+        "enable_thinking": False}
+    assert kwargs(output_config={"effort": "low"},
+                  chat_template_kwargs={"enable_thinking": False}) == {
+        "enable_thinking": False, "reasoning_effort": "low"}
+    counted = schema.CountTokensRequest.model_validate(
+        {"model": "tiny", "messages": USER, "output_config": {"effort": "medium",
+                                                             "format": FORMAT}})
+    assert dict(translate.chat_prompt(counted, ToolPlan()).chat_template_kwargs)[
+        "reasoning_effort"] == "medium"
+
+
+def test_strict_tools_reach_the_template_as_vllm_renders_them() -> None:
+    strict = [{**TOOLS[0], "strict": True}, TOOLS[1]]
+    rendered = json.loads(translate.tool_plan(body(tools=strict), tool_call_parser=None)
+                          .tools_json or "")
+    assert [tool["function"].get("strict") for tool in rendered] == [True, None]
+
+
 # ---- answers through the SDK ------------------------------------------------------------------
 
 
@@ -266,14 +350,41 @@ async def test_forced_tool_calls_validate_streamed_or_not(
     assert final.stop_reason == "tool_use"
 
 
+async def test_an_output_format_answers_json_streamed_or_not(
+    client: anthropic.AsyncAnthropic,
+) -> None:
+    parsed = await client.messages.parse(
+        model="tiny", max_tokens=40, messages=USER, output_format=Mood
+    )
+    assert isinstance(parsed.parsed_output, Mood) and parsed.stop_reason == "end_turn"
+    async with client.messages.stream(
+        model="tiny", max_tokens=40, messages=USER, output_config={"format": FORMAT}
+    ) as stream:
+        texts = [text async for text in stream.text_stream]
+        final = await stream.get_final_message()
+    jsonschema.validate(json.loads("".join(texts)), MOOD)
+    assert [block.type for block in final.content] == ["text"]
+    async with client.messages.stream(
+        model="tiny", max_tokens=40, messages=USER, output_format=Mood
+    ) as parsing:
+        assert isinstance((await parsing.get_final_message()).parsed_output, Mood)
+
+
 async def test_count_tokens_is_the_messages_input_tokens(
     client: anthropic.AsyncAnthropic,
 ) -> None:
     fields: dict[str, Any] = {"model": "tiny", "system": "be nice", "messages": USER,
                               "tools": TOOLS}
-    counted = await client.messages.count_tokens(**fields)
-    message = await client.messages.create(max_tokens=2, **fields)
-    assert counted.input_tokens == message.usage.input_tokens > 0
+    outputs: list[dict[str, Any]] = [{}, {"output_config": {"effort": "low", "format": FORMAT}}]
+    for output in outputs:
+        counted = await client.messages.count_tokens(**fields, **output)
+        message = await client.messages.create(max_tokens=2, **fields, **output)
+        assert counted.input_tokens == message.usage.input_tokens > 0
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await client.post("/v1/messages/count_tokens", cast_to=object, body={
+            "model": "tiny", "messages": USER, "output_format": FORMAT,
+            "output_config": {"format": FORMAT}})
+    assert "output_format" in caught.value.message
 
 
 # ---- errors -----------------------------------------------------------------------------------
@@ -289,6 +400,16 @@ async def test_count_tokens_is_the_messages_input_tokens(
          "text only"),
         ({"temperature": 3}, "temperature"),
         ({"messages": []}, "messages"),
+        ({"output_config": {"format": {"type": "json_object", "schema": MOOD}}},
+         "output_config.format.type: Input should be 'json_schema'"),
+        ({"output_config": {"format": {"type": "json_schema"}}},
+         "output_config.format.schema: Field required"),
+        ({"output_config": {"format": {"type": "json_schema", "schema": "{}"}}},
+         "output_config.format.schema: Input should be a valid dictionary"),
+        ({"output_config": {"effort": "none"}}, "output_config.effort: Input should be 'low'"),
+        ({"output_format": {"type": "json_schema", "schema": [MOOD]}}, "output_format.schema"),
+        ({"output_format": FORMAT, "output_config": {"format": FORMAT}},
+         "`output_format` and `output_config.format` cannot both be given"),
     ],
 )
 async def test_bad_input_is_an_invalid_request_error(

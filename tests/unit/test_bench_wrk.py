@@ -281,3 +281,43 @@ def test_a_batch_missing_a_prompt_or_with_an_in_band_error_is_not_ok() -> None:
     _Splitter(failed).feed(b'data: {"error":{"message":"boom"}}\n\n', 0.01)
     assert failed.error is not None
     assert not failed.ok
+
+
+def _w(arm: str, rnd: int, req_per_s: float, cpu: float) -> dict[str, object]:
+    return {"arm": arm, "label": "tgi-whole", "tags": {"round": rnd}, "workload": {"stream": False},
+            "summary": {"req_per_s": req_per_s}, "server_cpu_share": cpu}
+
+
+class _WrkResults:
+    def __init__(self, windows: list[dict[str, object]]) -> None:
+        self.windows = windows
+
+    def select(self, scenario: str, **_: object) -> list[dict[str, object]]:
+        return self.windows if scenario == "W" else []
+
+
+def test_granian_arms_are_compared_with_bare_uvicorn_by_throughput_and_cpu_per_request() -> None:
+    from bench.report import granian_figures
+
+    windows = [_w("bare", 0, 10_000, 1.0), _w("gateway", 0, 3_000, 1.0),
+               _w("gateway-granian", 0, 2_000, 0.5), _w("bare-granian", 0, 8_000, 0.5)]
+    tgi = granian_figures(_WrkResults(windows), stream=False)["tgi"]
+    assert tgi["gateway-granian"]["ratio"] == pytest.approx(0.2)
+    # bare: 100 µs per request; gateway-granian 250 µs: 0.4 of bare with a core each
+    assert tgi["gateway-granian"]["cpu_ratio"] == pytest.approx(0.4)
+    assert tgi["bare-granian"]["cpu_ratio"] == pytest.approx(1.6)
+    assert granian_figures(_WrkResults(windows[:2]), stream=False) == {}
+
+
+def test_b_arms_keep_their_order_and_start_with_a_gateway_arm() -> None:
+    from dataclasses import replace
+
+    from bench.scenarios import Plan, _b_arms
+
+    chosen = _b_arms(replace(Plan(), b_arms=("gateway-granian", "bare")))
+    assert [name for name, _ in chosen] == ["gateway-granian", "bare"]
+    assert chosen[0][1]["granian"] is True
+    assert [name for name, _ in _b_arms(Plan())][:2] == ["gateway", "bare"]
+    for bad in (("bare", "gateway"), ("gateway", "nginx")):
+        with pytest.raises(SystemExit, match="first must be a gateway arm"):
+            _b_arms(replace(Plan(), b_arms=bad))

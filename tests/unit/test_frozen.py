@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from server.core.frozen import quick_init
+from server.core.frozen import quick_init, replaced
 from server.core.types import Delta, FinishReason, GenerationRequest, Sampling, TextPrompt
 
 
@@ -86,6 +86,39 @@ def test_core_values_keep_their_constructor() -> None:
         request_id="r", model="n", prompt=request.prompt, sampling=request.sampling
     )
     assert {delta: 1}[Delta(choice=0, text="a", token_ids=(1,), finish=FinishReason.STOP)] == 1
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"a": 3}, {"b": "y", "f": {"h": 1}}, {"a": 2, "b": "z", "c": [], "d": 0, "e": (1,)}],
+)
+def test_replaced_is_the_dataclass_replace(changes: dict[str, object]) -> None:
+    value = Fast(1, "x", [2], d=5, e=(6,), f={"g": 7})
+    fast, plain = replaced(value, **changes), dataclasses.replace(value, **changes)
+    assert type(fast) is Fast and fast == plain and fast is not value
+    assert dataclasses.astuple(value) == (1, "x", [2], 5, (6,), {"g": 7})  # left as it was
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.a = 0
+
+
+def test_replaced_refuses_what_replace_refuses_and_serves_other_classes() -> None:
+    with pytest.raises(TypeError):
+        replaced(Fast(1), g=1)
+    assert replaced(Plain(1), a=2) == Plain(2)  # not a quick_init class: dataclasses.replace
+
+    @dataclass(frozen=True, slots=True)
+    class Wider(Fast):  # type: ignore[misc, valid-type]
+        z: int = 0
+
+    wider = replaced(Wider(1, z=3), a=2)  # a subclass is not copied as its base
+    assert type(wider) is Wider and (wider.a, wider.z) == (2, 3)
+
+
+def test_core_values_replace_alike() -> None:
+    sampling = Sampling(max_new_tokens=3, stop=("x",))
+    assert replaced(sampling, temperature=0.0, max_new_tokens=None) == dataclasses.replace(
+        sampling, temperature=0.0, max_new_tokens=None
+    )
 
 
 @pytest.mark.parametrize("kind", ["post_init", "init_var", "no_init", "not_frozen", "no_slots"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -10,6 +12,7 @@ from server.core.errors import ServiceUnavailable
 from server.core.stream import Timing
 from server.core.types import GenerationRequest, Sampling, TextPrompt, Usage
 from server.engines.fake import FakeScript
+from server.observability.families import Observations
 from server.observability.metrics import MovingAverage, error_types
 from tests.unit.gateway_kit import client, make_gateway
 
@@ -203,3 +206,16 @@ async def test_metrics_json_is_503_while_draining_but_metrics_keep_serving() -> 
         assert (await http.get("/metrics-json")).status_code == 503
         text = (await http.get("/metrics")).text
     assert 'gateway_lifecycle_state{state="draining"} 1.0' in text
+
+
+def test_observe_each_counts_runs_of_equal_values_as_one_by_one() -> None:
+    bounds = (0.001, 0.01, 0.1, 1.0)
+    values = [0.03] * 15 + [0.0005, 0.1, 0.1, 2.0, 0.03, 0.1000001] + [0.007] * 4
+    histogram = Observations(bounds)
+    histogram.observe_each(values)
+    counts, total = [0] * (len(bounds) + 1), 0.0
+    for value in values:
+        counts[bisect_left(bounds, value)] += 1
+        total += value
+    assert histogram.counts == counts
+    assert histogram.sum == total  # the same additions in the same order: the same float

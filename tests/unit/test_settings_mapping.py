@@ -37,6 +37,7 @@ DEFAULTS: dict[str, Any] = {
         "requestReceiveTimeout": 30.0, "sendTimeout": 60.0, "keepAliveTimeout": 5.0,
         "workers": 1,
         "drainDelay": 5.0,
+        "httpRunner": "uvicorn",
     },
     "ModelConfig": {
         "modelName": "tiny", "modelWeightPath": "build/demo/model", "dtype": "float32",
