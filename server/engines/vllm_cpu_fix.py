@@ -80,18 +80,19 @@ def fused_add_lora_linear(  # noqa: PLR0913 - vLLM's signature
     unusual, or weights that are not finite, go to vLLM's own method."""
     indices = wrapper.token_lora_indices
     weights = None
-    if wrapper.is_prefill and kw.get("buffer") is None and _plain(
-        y, x, indices, lora_a_stacked, lora_b_stacked, output_slices
-    ):
+    if wrapper.is_prefill and kw.get("buffer") is None and lora_a_stacked:
         weights = _weights(lora_a_stacked, lora_b_stacked, y.dtype)
-    if weights is None:
+    width = sum(output_slices)
+    if weights is None or weights.widths != tuple(output_slices) or not _rows_fit(
+        y, x, indices, weights.inputs, width
+    ):
         _ORIGINAL["add_lora_linear"](
             wrapper, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, **kw)
         return
     if wrapper.no_lora:
         return
     rows = _step_rows(wrapper, indices, _TOKENS)
-    rows.add_own(y, rows.shrink_own(x, weights, scale), weights, sum(output_slices))
+    rows.add_own(y, rows.shrink_own(x, weights, scale), weights, width)
 
 
 def fused_add_lora_embedding(
@@ -104,16 +105,16 @@ def fused_add_lora_embedding(
     (`add_inputs` false), other shapes and weights that are not finite go to vLLM."""
     indices = wrapper.token_lora_indices
     weights = None
-    if wrapper.is_prefill and add_inputs and _plain_expand(y, x, indices, lora_b_stacked):
+    if wrapper.is_prefill and add_inputs:
         weights = _weights((), (lora_b_stacked,), y.dtype)
-    if weights is None:
+    if weights is None or not _rows_fit(y, x, indices, weights.inputs, 0):
         _ORIGINAL["add_lora_embedding"](wrapper, y, x, lora_b_stacked, add_inputs, **kw)
         return
     if wrapper.no_lora:
         return
     rows = _step_rows(wrapper, indices, _TOKENS)
     spread = rows.own(x.repeat(1, weights.slots), weights.slots, 1.0)
-    rows.add_own(y, spread, weights, _common(y, lora_b_stacked))
+    rows.add_own(y, spread, weights, min(weights.widths[0], y.shape[1]))
 
 
 def fused_add_lora_logits(
@@ -127,26 +128,26 @@ def fused_add_lora_logits(
     indices = wrapper.sampler_indices
     y_rows, x_rows = y.view(-1, y.shape[-1]), x.view(-1, x.shape[-1])
     weights = None
-    if kw.get("buffer") is None and (
-        _plain_expand(y_rows, x_rows, indices, lora_b_stacked, inputs_are_rank=False)
-        and tuple(lora_a_stacked.shape) == (lora_b_stacked.shape[0], 1,
-                                            lora_b_stacked.shape[-1], x_rows.shape[1])
-    ):
+    if kw.get("buffer") is None:
         weights = _weights((lora_a_stacked,), (lora_b_stacked,), y.dtype)
-    if weights is None:
+    if weights is None or not _rows_fit(y_rows, x_rows, indices, weights.inputs, 0):
         _ORIGINAL["add_lora_logits"](wrapper, y, x, lora_a_stacked, lora_b_stacked, scale, **kw)
         return
     if bool((indices < 0).all()):
         return
     rows = _step_rows(wrapper, indices, _SAMPLED)
+    # the adapter's outputs and the layer's may be padded differently (the logits to the
+    # padded vocabulary): vLLM's expand adds to the common part
     rows.add_own(y_rows, rows.shrink_own(x_rows, weights, scale), weights,
-                 _common(y_rows, lora_b_stacked))
+                 min(weights.widths[0], y_rows.shape[1]))
 
 
-def _common(y: Any, weights_b: Any) -> int:
-    """How many of y's columns vLLM's expand adds to: the adapter's outputs and the layer's
-    may be padded differently (e.g. the logits to the padded vocabulary), so the common part."""
-    return min(int(weights_b.shape[2]), int(y.shape[1]))
+def _rows_fit(y: Any, x: Any, indices: Any, inputs: int, width: int) -> bool:
+    """One row of x and y and one index per row, x of `inputs` columns, y of `width` or more."""
+    return bool(
+        x.dim() == 2 and y.dim() == 2 and x.shape[0] == y.shape[0] == indices.shape[0]
+        and x.shape[1] == inputs and y.shape[1] >= width
+    )
 
 
 class _Weights:
@@ -158,29 +159,33 @@ class _Weights:
 
     def __init__(self, torch: Any, lora_a: tuple[Any, ...], lora_b: tuple[Any, ...],
                  dtype: Any) -> None:
+        self.usable = _plain(lora_a, lora_b)
+        if not self.usable:
+            return
         first = lora_b[0]
         self.slots, _, _, rank = first.shape
+        self.widths = tuple(int(b.shape[2]) for b in lora_b)  # each slice's outputs
         self.width = rank * len(lora_b)  # each slot's columns of a shrunk row
+        self.inputs = int(lora_a[0].shape[3]) if lora_a else rank  # x's columns
         self.a: Any = None  # the embedding's A is looked up per token: it has none here
         if lora_a:
             side_by_side = torch.cat(lora_a, dim=-2) if len(lora_a) > 1 else lora_a[0]
-            self.a = side_by_side.to(dtype=torch.float32).reshape(-1, side_by_side.shape[-1])
-        widths = [int(b.shape[2]) for b in lora_b]
-        block = first.new_zeros(self.slots, self.width, sum(widths), dtype=dtype)
+            self.a = side_by_side.to(dtype=torch.float32).reshape(-1, self.inputs).t()
+        block = first.new_zeros(self.slots, self.width, sum(self.widths), dtype=dtype)
         offset = 0
-        for index, (b, width) in enumerate(zip(lora_b, widths, strict=True)):
+        for index, (b, width) in enumerate(zip(lora_b, self.widths, strict=True)):
             block[:, index * rank : (index + 1) * rank, offset : offset + width] = (
                 b[:, 0].transpose(1, 2))
             offset += width
-        self.b = block.reshape(self.slots * self.width, sum(widths))
-        self.finite = bool(torch.isfinite(self.b).all())
+        self.b = block.reshape(self.slots * self.width, sum(self.widths))
+        self.usable = bool(torch.isfinite(self.b).all())
 
 
 def _weights(lora_a: tuple[Any, ...], lora_b: tuple[Any, ...], dtype: Any) -> _Weights | None:
     """The layer's `_Weights`, made once per contents; None if a B weight is not finite: zero
     times NaN or infinity is NaN, and one adapter's weights must never reach another's rows."""
     made = _kept((*lora_b, *lora_a), lambda: _Weights(_torch(), lora_a, lora_b, dtype))
-    return made if made.finite else None
+    return made if made.usable else None
 
 
 def _kept(tensors: tuple[Any, ...], make: Callable[[], Any]) -> Any:
@@ -220,7 +225,7 @@ class _Rows:
     def shrink_own(self, x: Any, weights: _Weights, scale: float) -> Any:
         """x @ every slot's A * scale in float32, each row kept only in its own slot's columns
         (zero elsewhere, and everywhere for -1 rows)."""
-        shrunk = x.to(dtype=self.torch.float32) @ weights.a.t()
+        shrunk = x.to(dtype=self.torch.float32) @ weights.a
         return self.own(shrunk, weights.slots, scale)
 
     def own(self, values: Any, slots: int, scale: float) -> Any:
@@ -241,8 +246,11 @@ class _Rows:
 
     @staticmethod
     def add_own(y: Any, own: Any, weights: _Weights, width: int) -> None:
-        """y[:, :width] += own @ every slot's B (its first `width` outputs), in y's dtype."""
-        y[:, :width] += own.to(dtype=y.dtype) @ weights.b[:, :width]
+        """y[:, :width] += own @ every slot's B (its first `width` outputs), in y's dtype, as
+        one in-place multiply-add (`y[:, :width] += ...` would also copy the sum onto itself)."""
+        b = weights.b if weights.b.shape[1] == width else weights.b[:, :width]
+        target = y if y.shape[1] == width else y[:, :width]
+        target.addmm_(own.to(dtype=y.dtype), b)
 
 
 def fast_update_metadata(
@@ -292,35 +300,20 @@ def _lazy_prefill_metadata(wrapper: Any) -> Any:
     return base.prefill_metadata.fget(wrapper)
 
 
-def _plain(
-    y: Any, x: Any, indices: Any, lora_a_stacked: tuple[Any, ...],
-    lora_b_stacked: tuple[Any, ...], output_slices: tuple[int, ...],
-) -> bool:
-    """One row of x and y and one index per token; every slice's A of one shape (slots x 1 x
-    rank x in) and its B of slots x 1 x (its output width) x rank."""
-    if x.dim() != 2 or y.dim() != 2 or not x.shape[0] == y.shape[0] == indices.shape[0]:
+def _plain(lora_a: tuple[Any, ...], lora_b: tuple[Any, ...]) -> bool:
+    """Every B of slots x 1 x (its output width) x rank, and every A (if any, one per B) of
+    slots x 1 x rank x in, with the same slots, rank and in."""
+    shapes = [tuple(b.shape) for b in lora_b]
+    if not shapes or any(len(shape) != 4 or shape[1] != 1 for shape in shapes):
         return False
-    shape_a = tuple(lora_a_stacked[0].shape)
-    if len(shape_a) != 4 or shape_a[1] != 1 or shape_a[3] != x.shape[1]:
+    slots, _, _, rank = shapes[0]
+    if any((shape[0], shape[3]) != (slots, rank) for shape in shapes):
         return False
-    if any(tuple(a.shape) != shape_a for a in lora_a_stacked):
-        return False
-    slots, _, rank, _ = shape_a
-    return len(lora_b_stacked) == len(output_slices) == len(lora_a_stacked) and all(
-        tuple(b.shape) == (slots, 1, width, rank)
-        for b, width in zip(lora_b_stacked, output_slices, strict=True)
-    )
-
-
-def _plain_expand(
-    y: Any, x: Any, indices: Any, lora_b_stacked: Any, *, inputs_are_rank: bool = True
-) -> bool:
-    """One row of x and y and one index per row; B of slots x 1 x out x rank; x of rank
-    columns (or any, for the logits' input)."""
-    if x.dim() != 2 or y.dim() != 2 or not x.shape[0] == y.shape[0] == indices.shape[0]:
-        return False
-    shape = tuple(lora_b_stacked.shape)
-    return len(shape) == 4 and shape[1] == 1 and (not inputs_are_rank or shape[3] == x.shape[1])
+    if not lora_a:
+        return True
+    shape_a = tuple(lora_a[0].shape)
+    return len(lora_a) == len(lora_b) and len(shape_a) == 4 and shape_a[:3] == (
+        slots, 1, rank) and all(tuple(a.shape) == shape_a for a in lora_a)
 
 
 _STALE = "_gateway_prefill_metadata_stale"

@@ -335,6 +335,6 @@ def test_weights_made_once_follow_weights_written_in_place() -> None:
     b[2][0].copy_(torch.ones_like(b[2][0]))
     again = cpu_fix._weights(a, b, torch.float32)
     assert again is not None and again is not first
-    torch.testing.assert_close(again.a, torch.cat(a, dim=-2).reshape(-1, HIDDEN))
+    torch.testing.assert_close(again.a, torch.cat(a, dim=-2).reshape(-1, HIDDEN).t())
     rank = a[0].shape[-2]
     assert bool((again.b[: 3 * rank, -SLICES[2]:][2 * rank :] == 1).all())  # slot 0, slice 2
