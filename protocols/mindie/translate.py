@@ -256,14 +256,10 @@ class InferStreamEncoder:
         self._parts: list[str] = []
         self._last_id = 0
 
-    def plain_event(self, delta: Delta, now: float) -> bytes | None:
-        """The serialised event of a one-token delta that ends nothing (most events of a
-        stream), without building its dict; byte for byte what `events` gives serialised.
-        None for any other delta."""
-        return self.plain_frame(delta, now, b"", b"")
-
     def plain_frame(self, delta: Delta, now: float, head: bytes, tail: bytes) -> bytes | None:
-        """`plain_event` between `head` and `tail` (the stream's framing), in one join."""
+        """The serialised event of a one-token delta that ends nothing (most events of a
+        stream), without building its dict, between `head` and `tail` (the stream's framing)
+        in one join; byte for byte what `events` gives serialised. None for any other delta."""
         elapsed = (now - self._last_at) * 1000.0
         if delta.finish is not None or len(delta.token_ids) != 1 or not 0 <= elapsed < 1e9:
             return None

@@ -458,14 +458,11 @@ class StreamEncoder:
             for i, token_id in enumerate(ids)
         ]
 
-    def plain_event(self, delta: Delta) -> bytes | None:
-        """The serialised event of a one-token delta that ends nothing and carries no top
-        tokens (most events of a stream), without building its dict; byte for byte what
-        `events` gives serialised. None for any other delta."""
-        return self.plain_frame(delta, b"", b"")
-
     def plain_frame(self, delta: Delta, head: bytes, tail: bytes) -> bytes | None:
-        """`plain_event` between `head` and `tail` (the stream's framing), in one join."""
+        """The serialised event of a one-token delta that ends nothing and carries no top
+        tokens (most events of a stream), without building its dict, between `head` and `tail`
+        (the stream's framing) in one join; byte for byte what `events` gives serialised.
+        None for any other delta."""
         if delta.finish is not None or len(delta.token_ids) != 1:
             return None
         logprobs = delta.logprobs

@@ -362,9 +362,10 @@ def test_plain_infer_event_is_byte_for_byte_the_general_event(text: str) -> None
     general = translate.InferStreamEncoder(infer_plan(True), started_at=0.0, token_texts=texts)
     for now in (0.0123456, 0.0500001, 0.07):  # the first event has prefill_time, then decode
         delta = Delta(choice=0, text=text, token_ids=(10,))
-        assert plain.plain_event(delta, now) == jsonio.dumps(general.events(delta, now)[0])
+        assert plain.plain_frame(delta, now, b"", b"") == jsonio.dumps(
+            general.events(delta, now)[0])
     ended = Delta(choice=0, text=text, token_ids=(10,), finish=FinishReason.LENGTH)
-    assert plain.plain_event(ended, 0.08) is None
+    assert plain.plain_frame(ended, 0.08, b"", b"") is None
 
 
 def test_stream_times_round_as_round_does() -> None:
@@ -375,8 +376,10 @@ def test_stream_times_round_as_round_does() -> None:
     now = 0.0
     for step in (1e-7, 0.0000005, 0.0000015, 0.0012345, 0.0125, 0.0999995, 1.2344999, 3600.0):
         now += step
-        assert plain.plain_event(delta, now) == jsonio.dumps(general.events(delta, now)[0])
-    assert plain.plain_event(delta, now + 1e6) is None  # 1e9 ms and more: the general event
+        assert plain.plain_frame(delta, now, b"", b"") == jsonio.dumps(
+            general.events(delta, now)[0])
+    # 1e9 ms and more: the general event
+    assert plain.plain_frame(delta, now + 1e6, b"", b"") is None
 
 
 @given(st.floats(min_value=0.0, max_value=999_999.0))
@@ -385,4 +388,5 @@ def test_any_stream_time_is_written_as_the_general_event_writes_it(seconds: floa
     plain = translate.InferStreamEncoder(infer_plan(True), started_at=0.0, token_texts=texts)
     delta = Delta(choice=0, text="a", token_ids=(10,))
     for now in (seconds, 2 * seconds):  # prefill_time, then decode_time
-        assert plain.plain_event(delta, now) == jsonio.dumps(general.events(delta, now)[0])
+        assert plain.plain_frame(delta, now, b"", b"") == jsonio.dumps(
+            general.events(delta, now)[0])

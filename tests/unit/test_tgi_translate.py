@@ -665,9 +665,9 @@ def test_plain_stream_event_is_byte_for_byte_the_general_event(text: str, token_
     general = translate.StreamEncoder(rendering(plan_of(True)), input_length=2, token_texts=texts)
     for _ in range(2):  # the index moves the same way on both
         delta = Delta(choice=0, text=text, token_ids=(token_id,))
-        assert plain.plain_event(delta) == jsonio.dumps(general.events(delta)[0])
+        assert plain.plain_frame(delta, b"", b"") == jsonio.dumps(general.events(delta)[0])
     ended = Delta(choice=0, text=text, token_ids=(token_id,), finish=FinishReason.LENGTH)
-    assert plain.plain_event(ended) is None
+    assert plain.plain_frame(ended, b"", b"") is None
 
 
 @pytest.mark.parametrize("logprob", [-0.25, 0.0, -1e-9, -123.456, float("-inf")])
@@ -691,4 +691,5 @@ def test_plain_stream_event_leaves_top_tokens_to_the_general_event() -> None:
     )
     top = (TopLogprob(token_id=5, token="x", logprob=-0.1),)
     entry = (TokenLogprob(token_id=5, token="x", logprob=-0.1, top=top),)
-    assert encoder.plain_event(Delta(choice=0, text="x", token_ids=(5,), logprobs=entry)) is None
+    assert encoder.plain_frame(
+        Delta(choice=0, text="x", token_ids=(5,), logprobs=entry), b"", b"") is None
