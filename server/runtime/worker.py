@@ -48,6 +48,7 @@ class Worker:
 
     index: int
     count: int
+    supervisor: int  # its pid: once this process's parent is another, the supervisor is gone
     ports: tuple[int, ...]  # one per listener, in `plan_listeners` order (0 resolved)
     grpc_port: int | None  # the gRPC listener's (0 resolved), None without one
     registry_path: Path  # the owner's Unix socket
@@ -92,8 +93,10 @@ class WorkerPlacement:
         return SharedRoleLifecycle(self.worker.role)
 
     def report_stop(self, force: bool) -> None:
-        """The supervisor stops every worker the same way (SIGUSR2: `?mode=Force`)."""
-        os.kill(os.getppid(), signal.SIGUSR2 if force else signal.SIGUSR1)
+        """The supervisor stops every worker the same way (SIGUSR2: `?mode=Force`). Once it is
+        gone, this process's parent is whatever adopted it, which must not be signalled."""
+        if os.getppid() == self.worker.supervisor:
+            os.kill(self.worker.supervisor, signal.SIGUSR2 if force else signal.SIGUSR1)
 
     def grpc_plan(self, settings: Settings) -> GrpcPlan | None:
         return plan_grpc(settings, shared=True, port=self.worker.grpc_port)
@@ -112,7 +115,7 @@ class WorkerPlacement:
             raise ServiceUnavailable("another worker failed to start") from None
 
     def watches(self, gateway: Gateway) -> list[Watch]:
-        return [watch_supervisor(gateway.shutdown.request)]
+        return [watch_supervisor(self.worker.supervisor, gateway.shutdown.request)]
 
 
 class OwnerWorker(WorkerPlacement):
@@ -164,10 +167,11 @@ class MirrorWorker(WorkerPlacement):
         await self._link.close()
 
 
-async def watch_supervisor(stop: Callable[[], None]) -> None:
-    """Stop if the supervisor is gone (killed): a worker never serves on its own."""
-    parent = os.getppid()
-    while os.getppid() == parent:  # noqa: ASYNC110 (no event tells a parent's death)
+async def watch_supervisor(supervisor: int, stop: Callable[[], None]) -> None:
+    """Stop if the supervisor is gone (killed): a worker never serves on its own. It may have
+    gone before this watch starts (while this worker was still starting), so the pid to compare
+    with is the one the supervisor handed over, not the parent found now."""
+    while os.getppid() == supervisor:  # noqa: ASYNC110 (no event tells a parent's death)
         await asyncio.sleep(1.0)
     logging.getLogger("gateway").error("the supervisor is gone: stopping")
     stop()

@@ -143,7 +143,8 @@ class Supervisor:
         grpc_port = ports[http_count] if len(ports) > http_count else None
         for index, place in enumerate(places):
             worker = Worker(
-                index=index, count=self.count, ports=tuple(ports[:http_count]),
+                index=index, count=self.count, supervisor=os.getpid(),
+                ports=tuple(ports[:http_count]),
                 grpc_port=grpc_port,
                 registry_path=self._private / "registry.sock", started=self._barrier,
                 role=role, engine=place,

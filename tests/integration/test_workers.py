@@ -8,6 +8,7 @@ server may run beside it (docs/operations.md, replicas on one host). Its last te
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -31,7 +32,14 @@ from tests.integration.traffic import (
     launch,
     management_client,
 )
-from tests.serverproc import DEMO, RunningServer, running_server
+from tests.serverproc import (
+    DEMO,
+    RunningServer,
+    base_config,
+    merge,
+    running_server,
+    start_server,
+)
 
 PINNED = {"VLLM_CPU_OMP_THREADS_BIND": "1"}
 WORKERS = {
@@ -324,12 +332,34 @@ def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path) -> None:
         pids = worker_pids(server.log())
         server.process.kill()
         server.process.wait(10)
+        _assert_orphans_stop(server, pids)
+
+
+def test_workers_stop_when_their_supervisor_is_killed_while_they_start(tmp_path: Path) -> None:
+    """Killed before the workers turned ready, so before their watch on it began: they must
+    still see that the supervisor is gone, not take whoever adopted them for it."""
+    server = start_server(tmp_path, merge(base_config("fake"), WORKERS))
+    deadline = time.monotonic() + WAIT_S
+    while len(pids := worker_pids(server.log())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server.process.kill()
+    server.process.wait(10)
+    assert "start-up ready" not in server.log()
+    _assert_orphans_stop(server, pids)
+
+
+def _assert_orphans_stop(server: RunningServer, pids: dict[str, int]) -> None:
+    try:
         deadline = time.monotonic() + 30
         while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
             time.sleep(0.2)
         log = server.log()
-    assert not any(_alive(pid) for pid in pids.values())
-    assert log.count("the supervisor is gone: stopping") == 2
+        assert not any(_alive(pid) for pid in pids.values()), log[-4000:]
+        assert log.count("the supervisor is gone: stopping") == 2, log[-4000:]
+    finally:
+        for pid in pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_metrics_count_requests_exactly_across_workers(tmp_path: Path) -> None:
