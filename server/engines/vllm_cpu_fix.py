@@ -18,7 +18,10 @@ step after the first fused version; LoRA work per unit of base matrix work about
 bench/ANALYSIS.md). The embedding and logits LoRA
 (`add_lora_embedding`, `add_lora_logits`) are done the same way, and the per-step
 `update_metadata` maps slots in one list pass and leaves the prefill run metadata, which only
-vLLM's own methods read, until it is read. Base rows (-1) get nothing added; any other shape or
+vLLM's own methods read, until it is read. A layer that no loaded adapter changes (every slot's B
+zero: vLLM zeroes a slot's weights for each module its adapter leaves out, and PEFT's default
+targets only q_proj and v_proj, leaving o_proj, the MLP, the embedding and the logits) adds
+nothing and is skipped. Base rows (-1) get nothing added; any other shape or
 mode goes to vLLM's own method (which runs on the wrapped ops above).
 
 How it is loaded: `VllmEngineOptions` names `CpuLoraFix` as vLLM's `worker_extension_cls`, which
@@ -89,7 +92,7 @@ def fused_add_lora_linear(  # noqa: PLR0913 - vLLM's signature
         _ORIGINAL["add_lora_linear"](
             wrapper, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, **kw)
         return
-    if wrapper.no_lora:
+    if wrapper.no_lora or weights.zero:
         return
     rows = _step_rows(wrapper, indices, _TOKENS)
     rows.add_own(y, rows.shrink_own(x, weights, scale), weights, width)
@@ -110,7 +113,7 @@ def fused_add_lora_embedding(
     if weights is None or not _rows_fit(y, x, indices, weights.inputs, 0):
         _ORIGINAL["add_lora_embedding"](wrapper, y, x, lora_b_stacked, add_inputs, **kw)
         return
-    if wrapper.no_lora:
+    if wrapper.no_lora or weights.zero:
         return
     rows = _step_rows(wrapper, indices, _TOKENS)
     spread = rows.own(x.repeat(1, weights.slots), weights.slots, 1.0)
@@ -133,7 +136,7 @@ def fused_add_lora_logits(
     if weights is None or not _rows_fit(y_rows, x_rows, indices, weights.inputs, 0):
         _ORIGINAL["add_lora_logits"](wrapper, y, x, lora_a_stacked, lora_b_stacked, scale, **kw)
         return
-    if bool((indices < 0).all()):
+    if weights.zero or bool((indices < 0).all()):
         return
     rows = _step_rows(wrapper, indices, _SAMPLED)
     # the adapter's outputs and the layer's may be padded differently (the logits to the
@@ -179,6 +182,10 @@ class _Weights:
             offset += width
         self.b = block.reshape(self.slots * self.width, sum(self.widths))
         self.usable = bool(torch.isfinite(self.b).all())
+        # no loaded adapter changes this layer (vLLM zeroes a slot's weights for a module its
+        # adapter leaves out, and PEFT's default targets only q_proj and v_proj): adding its
+        # product would add zeros
+        self.zero = not bool(self.b.any())
 
 
 def _weights(lora_a: tuple[Any, ...], lora_b: tuple[Any, ...], dtype: Any) -> _Weights | None:

@@ -338,3 +338,24 @@ def test_weights_made_once_follow_weights_written_in_place() -> None:
     torch.testing.assert_close(again.a, torch.cat(a, dim=-2).reshape(-1, HIDDEN).t())
     rank = a[0].shape[-2]
     assert bool((again.b[: 3 * rank, -SLICES[2]:][2 * rank :] == 1).all())  # slot 0, slice 2
+
+
+@pytest.mark.usefixtures("fixed_ops")
+def test_a_layer_no_loaded_adapter_changes_is_skipped_until_one_does() -> None:
+    """vLLM zeroes a slot's weights for a module its adapter leaves out (`reset_lora`): with
+    every slot's B zero the layer adds nothing, and the product is skipped. An adapter written
+    into a slot in place (`set_lora`) is applied from the next call on."""
+    indices = [0, -1, 1, 0]
+    x, a, b, y = lora_layer(len(indices), 2)
+    for slice_b in b:
+        slice_b.zero_()
+    wrapper = punica(indices)
+    skipped = y.clone()
+    cpu_fix.fused_add_lora_linear(wrapper, skipped, x, a, b, 1.0, SLICES)
+    assert torch.equal(skipped, y)
+    b[1][1].copy_(torch.ones_like(b[1][1]))  # slot 1's adapter changes the second slice
+    expected, fused = y.clone(), y.clone()
+    vllms(wrapper, "add_lora_linear")(wrapper, expected, x, a, b, 1.0, SLICES)
+    cpu_fix.fused_add_lora_linear(wrapper, fused, x, a, b, 1.0, SLICES)
+    torch.testing.assert_close(fused, expected)
+    assert not torch.equal(fused[2], y[2])
