@@ -77,6 +77,12 @@ async def create(options: VllmEngineOptions, client: ClientPlace | None = None) 
     except Exception as exc:
         logger.exception("the vLLM engine failed to start")
         raise EngineError(f"the vLLM engine failed to start: {first_line(exc)}") from exc
+    # vLLM reads its environment variables on every access (a request's sampling parameters,
+    # each output step's statistics); its engine core and workers cache them once started, as
+    # this front end now does too
+    from vllm.envs import enable_envs_cache
+
+    enable_envs_cache()
     what = "client" if client else "start"
     log_phase(logger, f"engine {what}", since, f"vLLM {vllm_version()}")
     return VllmEngine(llm, options, snapshot)
