@@ -8,6 +8,7 @@ two fake-engine starts.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.servers import descendants
 from tests.integration.traffic import (
     MIX,
     Outcome,
@@ -126,6 +128,45 @@ async def test_sigterm_drains_32_mixed_requests_then_exits_0(tmp_path: Path) -> 
     assert "SIGTERM: draining" in log
     assert start_up_problems(log) == []
 
+
+
+@pytest.mark.engine
+async def test_a_killed_gateway_takes_its_engine_core_down(tmp_path: Path) -> None:
+    """SIGKILL (the OOM killer, kill -9) runs no shutdown: vLLM's engine core, a child of the
+    gateway, must see its parent gone and stop, its worker with it, not hold the model's memory
+    with nobody to serve (server/engines/vllm_parent_watch.py)."""
+    with running_server(tmp_path) as server:
+        engine = [pid for pid in descendants(server.process.pid)
+                  if _command(pid).startswith("VLLM::")]
+        server.process.kill()
+        server.process.wait(10)
+        for _ in range(int(WAIT_S / 0.2)):
+            if not any(_running(pid) for pid in engine):
+                break
+            await asyncio.sleep(0.2)
+        left = [pid for pid in engine if _running(pid)]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        log = server.log()
+    assert len(engine) == 2, engine  # the engine core and its worker
+    assert left == [], log[-3000:]
+    assert "is gone: stopping the engine core" in log
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an adopted process nobody reaps stays one after exiting)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 SLOW_FAKE = {
     "ModelConfig": {"engineOptions": {"token_delay_s": 0.1}},
