@@ -20,27 +20,17 @@ admission slot forever. `limited_protocol` wraps uvicorn's httptools protocol cl
 The subclass overrides uvicorn's parser callbacks and reads its request cycle, which are not a
 public API: pyproject.toml pins uvicorn to the minor release it was written against
 (`UVICORN_SERIES`), and `check_uvicorn()` refuses to start with any other.
-
-`BodyLimitMiddleware` is the ASGI backstop for request bodies: protocol routes already refuse
-more than `maxRequestLength` in `read_body` with their own error shape; this refuses a declared
-Content-Length beyond it up front and counts the bytes of every route's `receive` (chunked
-bodies included), raising `PayloadTooLarge` from it, so a route that reads its body any other
-way still gets a 413 in its route's shape.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeGuard
 
 import uvicorn
-from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from server.core.errors import GatewayError, PayloadTooLarge
 from server.settings import ServerSettings
 
 CONNECTIONS_PER_LINK = 3  # MindIE: maxLinkNum served + 2 × maxLinkNum queued
@@ -288,62 +278,3 @@ def limited_protocol(limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
             "_max_count": limits.max_header_count,
         },
     )
-
-
-# ---- body backstop ----------------------------------------------------------------------
-RenderFor = Callable[[Scope, GatewayError], Response]
-
-
-def too_large(max_bytes: int) -> PayloadTooLarge:
-    return PayloadTooLarge(f"Request body is larger than the limit of {max_bytes} bytes")
-
-
-class BodyLimitMiddleware:
-    """Counts request body bytes as the app receives them; past `max_bytes`, `receive` raises
-    PayloadTooLarge (the protocols' guard renders it). If it escapes the app before a response
-    started, this answers 413 in the shape of the route (`render`)."""
-
-    def __init__(self, app: ASGIApp, *, max_bytes: int, render: RenderFor) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        self.render = render
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            # what read_body would answer, also for routes that never read their body
-            await self.render(scope, too_large(self.max_bytes))(scope, receive, send)
-            return
-        received = 0
-        started = False
-
-        async def counted_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise too_large(self.max_bytes)
-            return message
-
-        async def watched_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted_receive, watched_send)
-        except PayloadTooLarge as exc:
-            if started:
-                raise
-            await self.render(scope, exc)(scope, receive, send)
-
-
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            return int(value) if value.isdigit() else None
-    return None
