@@ -26,7 +26,7 @@ from tests.integration.traffic import (
     refused_while_draining,
     sse_payloads,
 )
-from tests.serverproc import RunningServer, running_server, start_up_problems
+from tests.serverproc import RunningServer, process_alive, running_server, start_up_problems
 
 pytestmark = pytest.mark.anyio
 TOKENS = 400  # long enough that every request is surely in flight when the stop comes
@@ -141,10 +141,10 @@ async def test_a_killed_gateway_takes_its_engine_core_down(tmp_path: Path) -> No
         server.process.kill()
         server.process.wait(10)
         for _ in range(int(WAIT_S / 0.2)):
-            if not any(_running(pid) for pid in engine):
+            if not any(process_alive(pid) for pid in engine):
                 break
             await asyncio.sleep(0.2)
-        left = [pid for pid in engine if _running(pid)]
+        left = [pid for pid in engine if process_alive(pid)]
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         log = server.log()
@@ -159,14 +159,6 @@ def _command(pid: int) -> str:
     except OSError:
         return ""
 
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (an adopted process nobody reaps stays one after exiting)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 SLOW_FAKE = {
     "ModelConfig": {"engineOptions": {"token_delay_s": 0.1}},

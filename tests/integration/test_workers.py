@@ -37,6 +37,7 @@ from tests.serverproc import (
     RunningServer,
     base_config,
     merge,
+    process_alive,
     running_server,
     start_server,
 )
@@ -292,7 +293,7 @@ def test_a_worker_that_dies_takes_the_server_down_cleanly(tmp_path: Path) -> Non
     assert code == 1, log[-3000:]
     assert "worker-1 exited (code -9): stopping the server" in log
     assert "worker-0 [-] SIGTERM: draining" in log
-    assert all(not _alive(pid) for pid in pids.values())
+    assert all(not process_alive(pid) for pid in pids.values())
 
 
 @pytest.mark.engine
@@ -307,7 +308,7 @@ def test_an_engine_core_that_dies_takes_every_worker_down(tmp_path: Path) -> Non
         log = server.log()
     assert code == 1, log[-3000:]
     assert "an engine process died: stopping the server" in log
-    assert all(not _alive(pid) for pid in pids.values())
+    assert all(not process_alive(pid) for pid in pids.values())
 
 
 def _named_children(pid: int) -> list[tuple[int, str]]:
@@ -351,10 +352,10 @@ def test_workers_stop_when_their_supervisor_is_killed_while_they_start(tmp_path:
 def _assert_orphans_stop(server: RunningServer, pids: dict[str, int]) -> None:
     try:
         deadline = time.monotonic() + 30
-        while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+        while any(process_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
             time.sleep(0.2)
         log = server.log()
-        assert not any(_alive(pid) for pid in pids.values()), log[-4000:]
+        assert not any(process_alive(pid) for pid in pids.values()), log[-4000:]
         assert log.count("the supervisor is gone: stopping") == 2, log[-4000:]
     finally:
         for pid in pids.values():
@@ -380,15 +381,3 @@ def _counter(server: RunningServer, family: str) -> float:
         if line.startswith(family) and 'endpoint="/v1/completions"' in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
-
-
-def _alive(pid: int) -> bool:
-    """Running, not gone and not a zombie: a worker whose supervisor was killed is reparented,
-    and where nothing reaps it (a container's PID 1 may not) it stays a zombie after exiting."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
