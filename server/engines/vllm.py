@@ -138,6 +138,7 @@ class VllmEngine:
                 engine_request_id,
                 lora_request=lora,
                 priority=request.priority,
+                **self._reasoning_state(request),
             )
             async with aclosing(outputs):
                 async for output in outputs:
@@ -155,6 +156,19 @@ class VllmEngine:
             self._count_adapter(adapter, -1)
         for event in folder.closing():
             yield event
+
+    def _reasoning_state(self, request: GenerationRequest) -> dict[str, Any]:
+        """What vLLM's chat serving tells the engine about reasoning: with a reasoning parser
+        the engine applies structured output only once the reasoning has ended. Hidden
+        reasoning (`include_reasoning` false) counts as ended from the first token; otherwise
+        the engine reads the prompt with its own parser, given the template's variables."""
+        spec = request.parse
+        if self._parsers.reasoning_parser is None or spec is None:
+            return {}
+        return {
+            "reasoning_ended": None if spec.reasoning else True,
+            "reasoning_parser_kwargs": {"chat_template_kwargs": dict(spec.chat_template_kwargs)},
+        }
 
     def _count_adapter(self, adapter: AdapterHandle | None, change: int) -> None:
         if adapter is None:

@@ -57,6 +57,8 @@ class VllmEngineOptions:
             "distributed_executor_backend": self.distributed_executor_backend,
             "disable_log_stats": False,
         }
+        if self.reasoning_parser:  # as `vllm serve --reasoning-parser`: structured output
+            kwargs["reasoning_parser"] = self.reasoning_parser  # waits for reasoning to end
         if self.enable_lora:  # base tokens in mixed LoRA batches on CPU: see vllm_cpu_fix.py
             kwargs["worker_extension_cls"] = "server.engines.vllm_cpu_fix.CpuLoraFix"
         kwargs.update(self.extra)

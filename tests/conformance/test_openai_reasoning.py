@@ -2,11 +2,14 @@
 the `hermes` tool-call parser, without LoRA (so prompt logprobs are served, which vLLM cannot do
 on the CPU with LoRA), driven by the `openai` SDK (and the `anthropic` SDK for `thinking`). The
 demo model's template opens a `<think>` block when `enable_thinking` (or a `reasoning_effort`
-other than "none") asks for one; its random output is forced into think markup with a regex so
-the parser has work to do."""
+other than "none") asks for one. As on vLLM's server, the engine knows the reasoning parser and
+applies structured output only once reasoning has ended; the tests steer the random model into
+think markup (a logit bias, or a grammar after a prompt that ended reasoning) so the parser has
+work to do."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,10 +23,23 @@ from tests.serverproc import RunningServer, running_server
 pytestmark = [pytest.mark.engine]
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Why is the sky blue?"}]
+# With a reasoning parser, vLLM's engine applies structured output only once reasoning has
+# ended, in the prompt or in the output. A conversation whose earlier answer closed its think
+# block has ended it, so the grammar holds from the first token and can write the think markup
+# the parser then splits.
+CLOSED: list[Any] = [
+    {"role": "user", "content": "Hello?"},
+    {"role": "assistant", "content": "Hello.", "reasoning_content": "a greeting"},
+    *MESSAGES,
+]
 THOUGHT = r"[a-z]{4,8} [a-z]{4,8}</think>[a-z]{4,8}[.]"
 FORCED: dict[str, Any] = {
     "temperature": 0, "max_tokens": 60, "extra_body": {"structured_outputs": {"regex": THOUGHT}},
 }
+END_OF_THINKING = 907  # the demo tokenizer's `</think>`
+ANSWER = r"[a-z]{4,8}[.]"
+# " a", " the" and `</think>` pushed alike: greedy decoding writes " the", then `</think>`
+WORD_THEN_END = {"272": 30, "423": 30, str(END_OF_THINKING): 30}
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +60,21 @@ def client(reasoning_server: RunningServer) -> Iterator[OpenAI]:
 
 
 def test_reasoning_is_split_from_content_streamed_and_not(client: OpenAI) -> None:
-    result = client.chat.completions.create(model="tiny", messages=MESSAGES, **FORCED)
+    """The template opens a think block; a logit bias makes the model write a word, then
+    `</think>`; the grammar then shapes the answer, which is content."""
+    fields: dict[str, Any] = {
+        "temperature": 0, "max_tokens": 60, "logit_bias": WORD_THEN_END,
+        "extra_body": {"structured_outputs": {"regex": ANSWER},
+                       "chat_template_kwargs": {"enable_thinking": True}},
+    }
+    result = client.chat.completions.create(model="tiny", messages=MESSAGES, **fields)
     message = result.choices[0].message
     reasoning = message.reasoning  # type: ignore[attr-defined]
-    assert reasoning and " " in reasoning and "</think>" not in reasoning
-    assert message.content and message.content.endswith(".")
+    assert reasoning and reasoning.strip() and "</think>" not in reasoning
+    assert message.content and re.fullmatch(ANSWER, message.content), message
     reasoning_parts, content_parts = [], []
     for chunk in client.chat.completions.create(
-        model="tiny", messages=MESSAGES, stream=True, **FORCED
+        model="tiny", messages=MESSAGES, stream=True, **fields
     ):
         for choice in chunk.choices:
             extra = choice.delta.model_extra or {}
@@ -96,24 +119,39 @@ def test_reasoning_effort_none_means_no_thinking(client: OpenAI) -> None:
     assert message.reasoning is None and message.content  # type: ignore[attr-defined]
 
 
+CLOSED_INPUT = "<think>a question</think>Why is the sky blue?"  # the prompt closes a block
+
+
+def test_structured_output_waits_for_the_end_of_reasoning(client: OpenAI) -> None:
+    """As on vLLM's server: the template opens a think block, so the grammar does not hold
+    while the model reasons (here `</think>` comes first, pushed by a logit bias; the grammar
+    forbids it after that), then it shapes the answer. Before, the grammar held from the first
+    token and the constrained answer came back as reasoning."""
+    message = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, temperature=0, max_tokens=20,
+        logit_bias={str(END_OF_THINKING): 100},
+        extra_body={"structured_outputs": {"regex": ANSWER},
+                    "chat_template_kwargs": {"enable_thinking": True}},
+    ).choices[0].message
+    assert not message.reasoning  # type: ignore[attr-defined]
+    assert message.content and re.fullmatch(ANSWER, message.content), message
+
+
 def test_responses_reasoning_item(client: OpenAI) -> None:
-    response = client.responses.create(
-        model="tiny", input="Why is the sky blue?", max_output_tokens=60, temperature=0,
-        extra_body={"structured_outputs": {"regex": THOUGHT}},
-    )
+    """The prompt closed a think block, so the grammar holds from the first token and writes
+    think markup: the whole answer is a reasoning item and a message. (Streamed, vLLM's parser
+    takes a prompt that ended reasoning to mean every delta is content.)"""
+    fields: dict[str, Any] = {
+        "model": "tiny", "input": CLOSED_INPUT, "max_output_tokens": 60, "temperature": 0,
+        "extra_body": {"structured_outputs": {"regex": THOUGHT}},
+    }
+    response = client.responses.create(**fields)
     kinds = [item.type for item in response.output]
     assert kinds == ["reasoning", "message"]
     assert response.output_text.endswith(".")
-    events = list(
-        client.responses.create(
-            model="tiny", input="Why is the sky blue?", max_output_tokens=60, temperature=0,
-            extra_body={"structured_outputs": {"regex": THOUGHT}}, stream=True,
-        )
-    )
-    thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
-    final = events[-1].response
-    assert final.output[0].content[0].text == thought  # type: ignore[union-attr]
-    assert final.output_text == response.output_text
+    events = list(client.responses.create(stream=True, **fields))
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.output_text.endswith(response.output_text)
 
 
 def test_reasoning_then_a_tool_call(client: OpenAI) -> None:
@@ -124,7 +162,7 @@ def test_reasoning_then_a_tool_call(client: OpenAI) -> None:
         r"</tool_call>"
     )
     result = client.chat.completions.create(
-        model="tiny", messages=MESSAGES, tools=tools, temperature=0, max_tokens=80,
+        model="tiny", messages=CLOSED, tools=tools, temperature=0, max_tokens=80,
         extra_body={"structured_outputs": {"regex": regex}},
     )
     message = result.choices[0].message
