@@ -250,10 +250,16 @@ def to_sampling(
         logit_bias=logit_bias(body.logit_bias),
         allowed_token_ids=None if body.allowed_token_ids is None else tuple(body.allowed_token_ids),
         bad_words=tuple(body.bad_words),
+        thinking_token_budget=_budget(body.thinking_token_budget),
         truncate_prompt_tokens=body.truncate_prompt_tokens,
         structured=to_structured(body),
         budget=VLLM_CUTS,
     )
+
+
+def _budget(thinking_token_budget: int | None) -> int | None:
+    """vLLM's `thinking_token_budget`: -1 is unlimited, as unset."""
+    return None if thinking_token_budget == -1 else thinking_token_budget
 
 
 def logit_bias(raw: Mapping[str, float] | None) -> tuple[tuple[int, float], ...]:

@@ -57,6 +57,7 @@ class SamplingFields(_Wire):
     truncate_prompt_tokens: int | None = Field(None, ge=-1, le=INT64_MAX)
     allowed_token_ids: list[TokenId] | None = None
     bad_words: list[str] = Field(default_factory=list)
+    thinking_token_budget: int | None = Field(None, ge=-1, strict=True)  # -1: unlimited
     priority: int = 0
     request_id: str | None = Field(None, min_length=1, max_length=256)
     echo: bool | None = False

@@ -27,7 +27,6 @@ COMPLETION: Neutral = {
     "return_tokens_as_token_ids": (None, False),
     "routed_experts_prompt_start": (None, 0),
     "stream_interval": (None,),
-    "thinking_token_budget": (None,),
     "truncation_side": (None, "left"),  # truncate_prompt_tokens keeps the last tokens
 }
 CHAT: Neutral = {

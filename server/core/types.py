@@ -61,6 +61,7 @@ class Sampling:
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None
     bad_words: tuple[str, ...] = ()
+    thinking_token_budget: int | None = None  # reasoning tokens before `</think>` is forced
     truncate_prompt_tokens: int | None = None
     structured: StructuredOutput | None = None
     budget: BudgetPolicy = REFUSE  # the protocol's prompt budget rules and words (core/budget.py)

@@ -63,6 +63,7 @@ def _sampling_kwargs(sampling: Sampling, max_tokens: int) -> dict[str, Any]:
         "logit_bias": dict(sampling.logit_bias) or None,
         "allowed_token_ids": None if allowed is None else list(allowed),
         "bad_words": list(sampling.bad_words) or None,
+        "thinking_token_budget": sampling.thinking_token_budget,
         "structured_outputs": _structured_outputs(sampling.structured, max_tokens),
     }
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import pytest
 from openai import OpenAI
 
@@ -170,6 +171,34 @@ def test_reasoning_then_a_tool_call(client: OpenAI) -> None:
     [call] = message.tool_calls or []
     assert call.function.name == "add"  # type: ignore[union-attr]
     assert result.choices[0].finish_reason == "tool_calls"
+
+
+def test_thinking_token_budget_ends_the_reasoning(client: OpenAI) -> None:
+    """vLLM's `thinking_token_budget`: after that many reasoning tokens the engine writes
+    `</think>` and the answer goes on as content (0: no reasoning at all; -1: unlimited)."""
+
+    def answer(budget: int) -> tuple[str, str]:
+        message = client.chat.completions.create(
+            model="tiny", messages=MESSAGES, temperature=0, max_tokens=20,
+            extra_body={"thinking_token_budget": budget,
+                        "chat_template_kwargs": {"enable_thinking": True}},
+        ).choices[0].message
+        return message.reasoning or "", message.content or ""  # type: ignore[attr-defined]
+
+    none, two, five, unlimited = answer(0), answer(2), answer(5), answer(-1)
+    assert none[0] == "" and none[1]
+    assert two[0] and two[1] and five[0] and five[1]
+    assert five[0].startswith(two[0]) and len(five[0]) > len(two[0])
+    assert unlimited[0].startswith(five[0]) and len(unlimited[0]) > len(five[0])
+
+
+def test_thinking_token_budget_needs_a_reasoning_parser(live_server: RunningServer) -> None:
+    """vLLM refuses it on a server without one; so does the gateway, in OpenAI's shape."""
+    reply = httpx.post(f"{live_server.url}/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": MESSAGES, "max_tokens": 2, "thinking_token_budget": 3,
+    })
+    assert reply.status_code == 400, reply.text
+    assert "reasoning" in reply.json()["error"]["message"]
 
 
 def test_prompt_logprobs_are_served_without_lora(client: OpenAI) -> None:

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from pydantic import ValidationError
 
 from protocols.common.chat import response_model
 from protocols.openai_v1 import errors, routes, schema
@@ -118,6 +119,19 @@ def test_chat_max_completion_tokens_wins_over_max_tokens() -> None:
     assert gen.sampling.max_new_tokens == 3
 
 
+@pytest.mark.parametrize(("sent", "kept"), [(None, None), (-1, None), (0, 0), (5, 5)])
+def test_thinking_token_budget_minus_one_is_unlimited(sent: int | None, kept: int | None) -> None:
+    extra = {} if sent is None else {"thinking_token_budget": sent}
+    gen = chat_request(chat_body(**extra), request_id="r", bounds=BOUNDS)
+    assert gen.sampling.thinking_token_budget == kept
+
+
+@pytest.mark.parametrize("sent", [-2, 1.5, True, "3"])
+def test_thinking_token_budget_is_a_whole_number_from_minus_one(sent: object) -> None:
+    with pytest.raises(ValidationError):
+        chat_body(thinking_token_budget=sent)
+
+
 def test_chat_vllm_extras_reach_sampling() -> None:
     body = chat_body(
         model="a1",
@@ -131,6 +145,7 @@ def test_chat_vllm_extras_reach_sampling() -> None:
         skip_special_tokens=False,
         allowed_token_ids=[1, 2],
         bad_words=["x"],
+        thinking_token_budget=16,
         truncate_prompt_tokens=8,
         seed=7,
         priority=3,
@@ -145,6 +160,7 @@ def test_chat_vllm_extras_reach_sampling() -> None:
     assert s.stop_token_ids == (3,)
     assert s.allowed_token_ids == (1, 2)
     assert s.bad_words == ("x",)
+    assert s.thinking_token_budget == 16
     assert s.truncate_prompt_tokens == 8
     assert s.seed == 7
     assert s.logit_bias == ((5, 100.0),)  # clamped like vLLM
