@@ -125,6 +125,15 @@ def _describe(pid: int) -> tuple[str, str]:
     return comm, cmdline
 
 
+def process_roles(pid: int) -> dict[int, tuple[str, str]]:
+    """Each process of `pid`'s tree, `pid` included: its role (`process_role`) and name."""
+    roles: dict[int, tuple[str, str]] = {}
+    for member in (pid, *descendants(pid)):
+        comm, cmdline = _describe(member)
+        roles[member] = (process_role(comm, cmdline), comm)
+    return roles
+
+
 class ProcessTreeProbe(CpuProbe):
     """CpuProbe over a server's whole process tree, by role (`process_role`): `front` is the
     CPU of every front-end process (a supervisor and its workers, or vLLM's API servers and
@@ -133,10 +142,7 @@ class ProcessTreeProbe(CpuProbe):
 
     def __init__(self, pid: int) -> None:
         super().__init__(pid, [])
-        self.roles: dict[int, tuple[str, str]] = {}
-        for member in (pid, *descendants(pid)):
-            comm, cmdline = _describe(member)
-            self.roles[member] = (process_role(comm, cmdline), comm)
+        self.roles = process_roles(pid)
 
     def start(self) -> None:
         self._first = {p: cpu_seconds(p) for p in self.roles}

@@ -217,19 +217,20 @@ def _reap(pids: list[int], timeout: float) -> None:
     """Engine cores and workers outliving their parent get SIGTERM, then SIGKILL."""
     deadline = time.monotonic() + timeout
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = [p for p in pids if _alive(p)]
+        alive = [p for p in pids if process_alive(p)]
         for pid in alive:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
         while alive and time.monotonic() < deadline:
             time.sleep(0.2)
-            alive = [p for p in alive if _alive(p)]
+            alive = [p for p in alive if process_alive(p)]
         if not alive:
             return
         deadline = time.monotonic() + 5.0
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Running: not gone and not a zombie (an adopted process nobody reaps stays one)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):

@@ -246,13 +246,3 @@ def wait_ready(
                 return
         time.sleep(0.5)
     raise RuntimeError(f"server not ready after {timeout}s:\n{server.log()[-4000:]}")
-
-
-def process_alive(pid: int) -> bool:
-    """Running, not gone and not a zombie: a worker whose supervisor was killed is reparented,
-    and where nothing reaps it (a container's PID 1 may not) it stays a zombie after exiting."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.servers import descendants
+from bench.record import process_roles
+from bench.servers import process_alive
 from tests.integration.traffic import (
     MIX,
     Outcome,
@@ -26,7 +27,7 @@ from tests.integration.traffic import (
     refused_while_draining,
     sse_payloads,
 )
-from tests.serverproc import RunningServer, process_alive, running_server, start_up_problems
+from tests.serverproc import RunningServer, running_server, start_up_problems
 
 pytestmark = pytest.mark.anyio
 TOKENS = 400  # long enough that every request is surely in flight when the stop comes
@@ -136,8 +137,8 @@ async def test_a_killed_gateway_takes_its_engine_core_down(tmp_path: Path) -> No
     gateway, must see its parent gone and stop, its worker with it, not hold the model's memory
     with nobody to serve (server/engines/vllm_parent_watch.py)."""
     with running_server(tmp_path) as server:
-        engine = [pid for pid in descendants(server.process.pid)
-                  if _command(pid).startswith("VLLM::")]
+        engine = [pid for pid, (role, _) in process_roles(server.process.pid).items()
+                  if role == "engine"]
         server.process.kill()
         server.process.wait(10)
         for _ in range(int(WAIT_S / 0.2)):
@@ -151,13 +152,6 @@ async def test_a_killed_gateway_takes_its_engine_core_down(tmp_path: Path) -> No
     assert len(engine) == 2, engine  # the engine core and its worker
     assert left == [], log[-3000:]
     assert "is gone: stopping the engine core" in log
-
-
-def _command(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
 
 
 SLOW_FAKE = {

@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.servers import process_alive
 from server.core.json_limits import MAX_JSON_DEPTH
 from tests.integration.sources_kit import S3_ENV, MotoServer
 from tests.integration.traffic import (
@@ -37,7 +38,6 @@ from tests.serverproc import (
     RunningServer,
     base_config,
     merge,
-    process_alive,
     running_server,
     start_server,
 )
