@@ -226,7 +226,8 @@ def l_workload(models: tuple[str, ...], prompts: tuple[str, ...], requests: int,
 
 def run_l(run: Run, plan: Plan) -> list[dict[str, Any]]:
     """Every round: each arm's server started in turn (the first arm rotating), every mix's
-    window on it. Returns one figure row per window."""
+    window on it (the first window rotating too: the window right after a start runs on a
+    fresh process). Returns one figure row per window."""
     folder = RESULTS / "adapters-l"
     names = distinct_adapters(max(plan.l_adapters), DEMO / "adapters" / "a1", folder)
     engine = EngineSettings(max_num_seqs=32, max_loras=2, max_cpu_loras=4, adapter_dir=str(folder))
@@ -238,14 +239,14 @@ def run_l(run: Run, plan: Plan) -> list[dict[str, Any]]:
              gateway_overrides=overrides, mixes=list(plan.l_mixes), zipf_s=plan.l_zipf_s,
              zipf_seed=ZIPF_SEED)
     prompts = prompt_set(32, 128, engine.model)
-    windows = mixes(names, plan.l_adapters, plan.l_mixes, plan.l_requests, plan.l_zipf_s)
+    windows = tuple(mixes(names, plan.l_adapters, plan.l_mixes, plan.l_requests, plan.l_zipf_s))
     rows: list[dict[str, Any]] = []
     for rnd in range(plan.l_rounds):
         for arm in rotated(arms, rnd):
             name = f"L-{arm}-r{rnd}"
             server = start_l_arm(arm, name, run, engine, overrides.get(arm, {}))
             with session(server, run, "L", arm, round=rnd):
-                for label, models in windows:
+                for label, models in rotated(windows, rnd):
                     workload = l_workload(models, prompts, plan.l_requests, plan.l_concurrency,
                                           plan.l_max_tokens)
                     probe = EngineSampler(server)
