@@ -93,11 +93,27 @@ class ToolChoice(_Wire):
     disable_parallel_tool_use: bool | None = None
 
 
-class Thinking(_Wire):
-    """`enabled` (with Anthropic's `budget_tokens`), `disabled`, or `adaptive`."""
+class ThinkingEnabled(_Wire):
+    """Thinking with Anthropic's `budget_tokens` (required, at least 1024)."""
 
-    type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = Field(None, ge=1024)
+    type: Literal["enabled"]
+    budget_tokens: int = Field(ge=1024)
+
+
+class ThinkingDisabled(_Wire):
+    type: Literal["disabled"]
+
+
+class ThinkingAdaptive(_Wire):
+    """Thinking whose depth the model chooses."""
+
+    type: Literal["adaptive"]
+
+
+# told apart by `type`, so a missing budget reads `thinking.enabled.budget_tokens: Field required`
+Thinking = Annotated[
+    ThinkingEnabled | ThinkingDisabled | ThinkingAdaptive, Field(discriminator="type")
+]
 
 
 class JsonOutputFormat(_Wire):

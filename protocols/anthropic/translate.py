@@ -235,19 +235,36 @@ def message_request(
         request_id=request_id,
         model=body.model,
         prompt=prompt,
-        sampling=_sampling(body, plan, bounds, defaults),
+        sampling=_sampling(body, plan, bounds, defaults, _thinking_budget(body, reasoning_parser)),
         stream=bool(body.stream),
         protocol=PROTOCOL,
         parse=parse,
     )
 
 
+def _thinking_budget(body: schema.MessagesRequest, reasoning_parser: str | None) -> int | None:
+    """`thinking.budget_tokens` bounds the reasoning as vLLM's `thinking_token_budget` (as vLLM's
+    Messages API maps it) where a reasoning parser can tell where reasoning ends; without one
+    there is no reasoning to bound and the budget is only checked. It must be below
+    `max_tokens`, as on Anthropic's API and vLLM's."""
+    thinking = body.thinking
+    if not isinstance(thinking, schema.ThinkingEnabled):
+        return None
+    if thinking.budget_tokens >= body.max_tokens:
+        raise InvalidRequest(
+            "thinking.budget_tokens must be less than max_tokens", param="thinking.budget_tokens"
+        )
+    return thinking.budget_tokens if reasoning_parser is not None else None
+
+
 def _sampling(
-    body: schema.MessagesRequest, plan: ToolPlan, bounds: RequestBounds, defaults: SamplingDefaults
+    body: schema.MessagesRequest, plan: ToolPlan, bounds: RequestBounds,
+    defaults: SamplingDefaults, thinking_budget: int | None,
 ) -> Sampling:
     """A field the request leaves out takes the model's default, else the neutral value."""
     sampling = Sampling(
         max_new_tokens=bounded_max_tokens(body.max_tokens, bounds),
+        thinking_token_budget=thinking_budget,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=body.top_k or 0,

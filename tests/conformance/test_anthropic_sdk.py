@@ -301,6 +301,16 @@ def test_count_tokens_is_the_messages_input_tokens(client: anthropic.Anthropic) 
           "output_config": {"effort": "extreme"}}, "output_config.effort: Input should be"),
         ({"model": "tiny", "max_tokens": 4, "messages": TURNS, "output_format": FORMAT,
           "output_config": {"format": FORMAT}}, "`output_format` and `output_config.format`"),
+        ({"model": "tiny", "max_tokens": 4, "messages": TURNS, "thinking": {"type": "enabled"}},
+         "thinking.enabled.budget_tokens: Field required"),
+        ({"model": "tiny", "max_tokens": 2048, "messages": TURNS,
+          "thinking": {"type": "enabled", "budget_tokens": 512}},
+         "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"),
+        ({"model": "tiny", "max_tokens": 1024, "messages": TURNS,
+          "thinking": {"type": "enabled", "budget_tokens": 1024}},
+         "thinking.budget_tokens must be less than max_tokens"),
+        ({"model": "tiny", "max_tokens": 4, "messages": TURNS, "thinking": {"type": "sometimes"}},
+         "thinking: Input tag 'sometimes' found using 'type' does not match"),
     ],
 )
 def test_bad_input_is_an_invalid_request_error(

@@ -249,6 +249,29 @@ def test_both_output_formats_are_refused_naming_the_beta_one() -> None:
     assert caught.value.param == "output_format"
 
 
+def test_the_thinking_budget_bounds_reasoning_where_a_parser_can_find_it() -> None:
+    """As vLLM's Messages API: `budget_tokens` is the engine's `thinking_token_budget`; without
+    a reasoning parser the engine cannot bound reasoning (and vLLM would refuse the field), so
+    the budget is only checked against `max_tokens`."""
+    def budget(parser: str | None, max_tokens: int = 2048, **thinking: Any) -> int | None:
+        request = body(max_tokens=max_tokens, thinking=thinking)
+        return translate.message_request(
+            request, request_id="r", plan=ToolPlan(), bounds=RequestBounds(),
+            defaults=SamplingDefaults(), reasoning_parser=parser,
+        ).sampling.thinking_token_budget
+
+    assert budget("qwen3", type="enabled", budget_tokens=1024) == 1024
+    assert budget(None, type="enabled", budget_tokens=1024) is None
+    assert budget("qwen3", type="adaptive") is None
+    assert budget("qwen3", type="disabled") is None
+    for parser in ("qwen3", None):
+        with pytest.raises(InvalidRequest) as caught:
+            budget(parser, max_tokens=1024, type="enabled", budget_tokens=1024)
+        assert caught.value.param == "thinking.budget_tokens"
+    with pytest.raises(pydantic.ValidationError, match=r"thinking\.enabled\.budget_tokens"):
+        body(thinking={"type": "enabled"})
+
+
 def test_effort_is_the_templates_reasoning_effort() -> None:
     def kwargs(**fields: Any) -> dict[str, Any]:
         return dict(translate.chat_prompt(body(**fields), ToolPlan()).chat_template_kwargs)
