@@ -28,6 +28,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 from prometheus_client.values import ValueClass
 
@@ -240,6 +241,7 @@ class Histogram(_Family[Observations]):
     ) -> None:
         super().__init__(name, documentation, labelnames, shared=shared)
         self._bounds = tuple(sorted(buckets))
+        self._labels: dict[tuple[str, ...], SeriesLabels] = {}
 
     def _new(self, labelvalues: tuple[str, ...]) -> Observations:
         if not self.shared:
@@ -261,12 +263,41 @@ class Histogram(_Family[Observations]):
         family = self.empty()
         edges = self._edges()
         for values, series in self.series.items():
-            running, buckets = 0, []
-            for edge, count in zip(edges, series.counts, strict=True):
+            running, cumulative = 0, []
+            for count in series.counts:
                 running += count
-                buckets.append((edge, float(running)))
-            family.add_metric(list(values), buckets, sum_value=series.sum)
+                cumulative.append(float(running))
+            labels = self._labels.get(values)
+            if labels is None:
+                labels = self._labels[values] = SeriesLabels(self.labelnames, values, edges)
+            add_histogram(family, labels, cumulative, series.sum)
         yield family
+
+
+class SeriesLabels:
+    """One histogram series' label sets, made once for every scrape: its own (`_count`, `_sum`)
+    and one per bucket edge, with `le`."""
+
+    __slots__ = ("buckets", "own")
+
+    def __init__(self, names: Sequence[str], values: Sequence[str], edges: Sequence[str]):
+        self.own = dict(zip(names, values, strict=True))
+        self.buckets = [{**self.own, "le": edge} for edge in edges]
+
+
+def add_histogram(
+    family: Metric, labels: SeriesLabels, cumulative: Sequence[float], sum_value: float
+) -> None:
+    """The samples `HistogramMetricFamily.add_metric` adds for one series (`cumulative`: the
+    count up to each edge, +Inf last; no negative edges), without rebuilding its label sets."""
+    name, samples = family.name, family.samples
+    bucket = name + "_bucket"
+    samples.extend(
+        Sample(bucket, with_le, count)
+        for with_le, count in zip(labels.buckets, cumulative, strict=True)
+    )
+    samples.append(Sample(name + "_count", labels.own, cumulative[-1]))
+    samples.append(Sample(name + "_sum", labels.own, sum_value))
 
 
 def _le(bound: float) -> str:

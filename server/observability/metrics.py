@@ -42,7 +42,14 @@ from server.core.stream import Timing
 from server.core.types import GenerationRequest, Usage
 from server.http.context import LatencyWindows, access_note_var
 from server.http.routes import MANAGEMENT, METRICS, Access, Answer, Doc, Render, Route, RouteList
-from server.observability.families import Counter, Gauge, Histogram, Value
+from server.observability.families import (
+    Counter,
+    Gauge,
+    Histogram,
+    SeriesLabels,
+    Value,
+    add_histogram,
+)
 from server.observability.logs import RequestLog, access_line
 from server.observability.model_server import (
     GATEWAY_ADAPTER_QUEUED,
@@ -553,6 +560,7 @@ class AdapterCollector(Collector):
         self._adapters = adapters
         self._admission = admission
         self._shared_dir = shared_dir
+        self._load_labels: dict[tuple[str, int], SeriesLabels] = {}
 
     def collect(self) -> Iterable[Metric]:
         snapshots = self._adapters.snapshots()
@@ -587,7 +595,7 @@ class AdapterCollector(Collector):
         yield queued
         yield pinned
         yield residency
-        yield _load_histogram(snapshots)
+        yield _load_histogram(snapshots, self._load_labels)
 
     def _queued(self) -> dict[str, float]:
         if self._shared_dir is None:
@@ -596,19 +604,24 @@ class AdapterCollector(Collector):
         return {labels[0]: value for labels, value in shared.items()}
 
 
-def _load_histogram(snapshots: Sequence[AdapterSnapshot]) -> Metric:
+def _load_histogram(
+    snapshots: Sequence[AdapterSnapshot], labels_of: dict[tuple[str, int], SeriesLabels]
+) -> Metric:
     family = HistogramMetricFamily(
         "gateway_adapter_load_seconds",
         "Time to load the adapter into the engine (file checks and the engine's add).",
         labels=["adapter"],
     )
+    if len(labels_of) > 2 * len(snapshots) + 64:  # adapters removed since: forget their labels
+        labels_of.clear()
     for snap in snapshots:
-        buckets = [
-            (repr(bound), float(count)) for bound, count in zip(LOAD_BUCKETS, snap.load_buckets,
-                                                                 strict=False)
-        ]
-        buckets.append(("+Inf", float(snap.loads)))
-        family.add_metric([snap.name], buckets, sum_value=snap.load_seconds)
+        counts = snap.load_buckets[: len(LOAD_BUCKETS)]
+        key = (snap.name, len(counts))
+        labels = labels_of.get(key)
+        if labels is None:
+            edges = [*(repr(bound) for bound in LOAD_BUCKETS[: len(counts)]), "+Inf"]
+            labels = labels_of[key] = SeriesLabels(("adapter",), (snap.name,), edges)
+        add_histogram(family, labels, [*map(float, counts), float(snap.loads)], snap.load_seconds)
     return family
 
 

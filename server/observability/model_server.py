@@ -42,13 +42,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 
 from server.core.adapters import LOAD_BUCKETS, AdapterSnapshot, Residency
 from server.core.service import InferenceService
 from server.core.types import AdapterLoad, EngineStats
+from server.observability.exposition import Exposition
 
 ENGINE_LOADS = "engine_adapter_loads"  # the peers' operation: a worker's requests per adapter
 WAITING = "vllm:num_requests_waiting"
@@ -86,6 +87,7 @@ class ModelServerContract:
     def __init__(self, service: InferenceService, queue_depth: QueueDepth) -> None:
         self._service = service
         self._queue_depth = queue_depth
+        self._exposition = Exposition()
         service.peers.handle(ENGINE_LOADS, self._local_loads)
 
     async def _local_loads(self) -> dict[str, tuple[int, int]]:
@@ -115,10 +117,11 @@ class ModelServerContract:
 
     def text(self, registries: Sequence[CollectorRegistry], load: ServerLoad) -> bytes:
         """`/metrics`: every registry with vLLM's families corrected, then ours."""
-        parts = [generate_latest(_Corrected(registry, load)) for registry in registries]
+        latest = self._exposition.latest
+        parts = [latest(_Corrected(registry, load)) for registry in registries]
         limits = self._service.adapters.limits
         if limits.enabled:
-            parts.append(generate_latest(_Families(lora_families(
+            parts.append(latest(_Families(lora_families(
                 load, max_loras=limits.max_loras, max_cpu_loras=limits.max_cpu_loras
             ))))
         return b"".join(parts)
