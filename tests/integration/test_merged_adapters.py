@@ -172,3 +172,30 @@ def test_merged_adapters_is_for_the_base_model(http: httpx.Client, oai: openai.O
     assert "at most one of `adapter_id` or `adapters`" in response.json()["error"]
     with pytest.raises(openai.BadRequestError, match="must be the base model"):
         chat(oai, "a1", stream=False, merged_adapters=MERGE)
+
+
+def test_a_merge_that_overflows_leaves_other_requests_untouched(
+    http: httpx.Client, oai: openai.OpenAI
+) -> None:
+    """Merge weights are any finite numbers, as LoRAX takes them. One of 1e30 makes its own
+    request's activations overflow; the NaN and infinite keys and values it made once stayed in
+    the engine's cache blocks, and later requests given those blocks (short prompts, base or
+    adapter) answered empty text. Now only finite values are cached: every later answer is the
+    one it was before."""
+    prompts = ["hi", "what is the", "tell me a story"]
+
+    def answers() -> list[str]:
+        return [
+            oai.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0)
+            .choices[0].text
+            for model in ("tiny", "a1") for prompt in prompts
+        ]
+
+    before = answers()
+    for weight in (1e30, -3e38):
+        poisoned = {"ids": ["a2"], "weights": [weight]}
+        for prompt in ("hello there", PROMPT):
+            body = {"inputs": prompt, "parameters": {"max_new_tokens": 8,
+                                                     "merged_adapters": poisoned}}
+            assert http.post("/generate", json=body).status_code == 200
+            assert answers() == before
