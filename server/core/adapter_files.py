@@ -143,6 +143,7 @@ def validate_adapter_dir(path: Path, rules: AdapterRules) -> int:
     """Check config and weights of a resolved adapter directory. Returns its rank."""
     config = _read_config(_regular_file(path, CONFIG_FILE, rules, missing=_no_config))
     rank = _check_rank(config, rules.max_rank)
+    _check_alpha(config)
     _check_target_modules(config)
     weights = _regular_file(path, WEIGHTS_FILE, rules, missing=_no_weights)
     _check_weights(weights, rules)
@@ -245,6 +246,27 @@ def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _check_alpha(config: Mapping[str, object]) -> None:
+    """`lora_alpha` and every `alpha_pattern` value must be finite numbers: vLLM's worker divides
+    them by the rank (a string fails there, after the checks), and NaN or an infinity scales the
+    adapter's every output to NaN."""
+    pattern = config.get("alpha_pattern") or {}
+    if not isinstance(pattern, dict):
+        raise AdapterInvalid(f"{CONFIG_FILE} has an invalid alpha_pattern")
+    alphas = [config.get("lora_alpha"), *pattern.values()]
+    if not all(_finite_number(alpha) for alpha in alphas):
+        raise AdapterInvalid(f"{CONFIG_FILE}: 'lora_alpha' must be a finite number")
+
+
+def _finite_number(value: object) -> bool:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond any float
+        return False
+
+
 def _check_rank(config: Mapping[str, object], max_rank: int) -> int:
     pattern = config.get("rank_pattern") or {}
     if not isinstance(pattern, dict):
@@ -283,7 +305,9 @@ def _check_weights(weights: Path, rules: AdapterRules) -> None:
     for module, pair in ranks.items():
         if set(pair) != {"A", "B"} or pair["A"] != pair["B"]:
             raise AdapterInvalid(f"{WEIGHTS_FILE}: {module} needs lora_A and lora_B of one rank")
-        if not 0 < pair["A"] <= rules.max_rank:
+        if pair["A"] < 1:
+            raise AdapterInvalid(f"{WEIGHTS_FILE}: {module} has LoRA rank {pair['A']}")
+        if pair["A"] > rules.max_rank:
             raise AdapterInvalid(
                 f"LoRA rank {pair['A']} is greater than max_lora_rank {rules.max_rank}."
             )

@@ -70,6 +70,10 @@ def bad_sources(root: Path, tmp_path: Path) -> dict[str, str]:
     (pickle_only / "adapter_model.safetensors").rename(pickle_only / "adapter_model.bin")
     write_adapter(root / "dora", config={"use_dora": True})
     write_adapter(root / "embed", config={"target_modules": ["embed_tokens"]})
+    write_adapter(root / "alpha_text", config={"lora_alpha": "16"})
+    write_adapter(root / "alpha_nan", config={"lora_alpha": float("nan")})
+    write_adapter(root / "alpha_huge", config={"lora_alpha": 10**400})
+    write_adapter(root / "alpha_pattern", config={"alpha_pattern": {"q_proj": "x"}})
     write_adapter(root / "deep", layers=3)
     write_adapter(root / "hidden_rank", tensor_rank=16)
     fifo = write_adapter(root / "fifo")
@@ -93,6 +97,10 @@ def bad_sources(root: Path, tmp_path: Path) -> dict[str, str]:
         "fifo weights": str(root / "fifo"),
         "dora": str(root / "dora"),
         "unsupported module": str(root / "embed"),
+        "alpha not a number": str(root / "alpha_text"),
+        "alpha NaN": str(root / "alpha_nan"),
+        "alpha beyond a float": str(root / "alpha_huge"),
+        "alpha pattern not a number": str(root / "alpha_pattern"),
         "more layers than the base": str(root / "deep"),
         "empty": "",
         "not a string": 42,  # type: ignore[dict-item]
@@ -104,7 +112,8 @@ def bad_sources(root: Path, tmp_path: Path) -> dict[str, str]:
     ["rank too high", "tensor rank too high", "missing dir", "no config", "corrupt weights",
      "truncated weights", "pickle only", "outside root", "dot dot", "symlink escape",
      "weights symlink escape", "proc", "proc cwd", "device", "fifo weights", "dora",
-     "unsupported module", "more layers than the base", "empty", "not a string"],
+     "unsupported module", "more layers than the base", "empty", "not a string",
+     "alpha not a number", "alpha NaN", "alpha beyond a float", "alpha pattern not a number"],
 )
 async def test_bad_adapter_is_refused_before_the_engine_sees_it(
     root: Path, tmp_path: Path, kind: str
@@ -124,7 +133,8 @@ async def test_bad_adapter_is_refused_before_the_engine_sees_it(
      ("corrupt weights", "corrupt"), ("no config", "adapter_config.json"),
      ("outside root", "outside the allowed adapter roots"), ("dot dot", "'..'"),
      ("symlink escape", "outside the allowed"), ("proc", "system tree"),
-     ("missing dir", "not a directory"), ("weights symlink escape", "outside the adapter roots")],
+     ("missing dir", "not a directory"), ("weights symlink escape", "outside the adapter roots"),
+     ("alpha NaN", "'lora_alpha' must be a finite number")],
 )
 async def test_refusal_message_names_the_problem(
     root: Path, tmp_path: Path, kind: str, words: str
