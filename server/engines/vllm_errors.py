@@ -66,9 +66,14 @@ def pin_error(exc: Exception, adapter: AdapterHandle) -> GatewayError:
 
 
 def _message(exc: BaseException) -> str:
-    """The message without vLLM's "(parameter=..., value=...)" suffix."""
+    """The message without vLLM's "(parameter=..., value=...)" suffix, nor the time and C++
+    source place xgrammar puts before its own ("[14:46:55] /project/cpp/x.cc:83: ")."""
     first = exc.args[0] if exc.args else ""
-    return first if isinstance(first, str) and first else str(exc)
+    text = first if isinstance(first, str) and first else str(exc)
+    return _NATIVE_PLACE.sub("", text).rstrip()
+
+
+_NATIVE_PLACE = re.compile(r"\[\d{2}:\d{2}:\d{2}\] \S+\.(?:cc|cpp|h|hpp):\d+: ")
 
 
 def first_line(exc: BaseException) -> str:

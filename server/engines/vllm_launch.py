@@ -13,6 +13,7 @@ from server.engines.vllm_options import VllmEngineOptions
 from server.engines.vllm_stats import SchedulerSnapshot, size, snapshot_logger
 
 if TYPE_CHECKING:
+    from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.metrics.loggers import StatLoggerFactory
 
@@ -27,13 +28,28 @@ def vllm_version() -> str:
     return str(vllm.__version__)
 
 
+def engine_args(options: VllmEngineOptions) -> AsyncEngineArgs:
+    """vLLM's arguments from our options, structured output on xgrammar unless the options name
+    a backend. vLLM's `auto` checks each request with xgrammar and, where xgrammar refuses it,
+    with guidance; but the engine compiles every request with the one backend the first
+    structured request chose (vllm/v1/structured_output/__init__.py). A grammar only guidance
+    takes then failed inside the engine: a 500 for a bad request. One backend checks and
+    compiles: such a request is a 400 ("Invalid grammar specification.")."""
+    from vllm import AsyncEngineArgs
+
+    args = AsyncEngineArgs(**options.engine_kwargs())
+    config = args.structured_outputs_config
+    if getattr(config, "backend", None) == "auto":
+        config.backend = "xgrammar"
+    return args
+
+
 def start_llm(
     options: VllmEngineOptions, snapshot: SchedulerSnapshot, client: ClientPlace | None
 ) -> AsyncLLM:
-    from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    args = AsyncEngineArgs(**options.engine_kwargs())
+    args = engine_args(options)
     # A custom per-engine logger is added to vLLM's defaults, so its Prometheus logger
     # (the `vllm:` families in prometheus_client's REGISTRY) stays active.
     # Steps settle adapters only with one front end: with several, a worker's abort and the
@@ -72,11 +88,10 @@ class CoreLaunch:
     (`vllm serve --api-server-count`, vllm/entrypoints/cli/serve.py), driven from our options."""
 
     def __init__(self, options: VllmEngineOptions, count: int) -> None:
-        from vllm import AsyncEngineArgs
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.utils import bind_engine_zmq_listeners
 
-        args = AsyncEngineArgs(**options.engine_kwargs())
+        args = engine_args(options)
         args._api_process_count = count
         args._api_process_rank = -1
         self._config = args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)

@@ -258,9 +258,11 @@ def test_a_schema_the_engine_refuses_is_the_chat_paths_400(
                              "json_schema": {"name": "x", "schema": BAD_SCHEMA}},
         )
     assert refused.value.body == streamed.value.body == {"type": "error", "error": {
-        "type": "invalid_request_error", "message": "Grammar error: Invalid type: frog"}}
+        "type": "invalid_request_error",
+        "message": 'Failed to transform json schema into a grammar: Unsupported type "frog"'}}
     assert openai_refused.value.body == {  # the OpenAI SDK's body is the `error` object
-        "message": "Grammar error: Invalid type: frog", "type": "BadRequestError",
+        "message": 'Failed to transform json schema into a grammar: Unsupported type "frog"',
+        "type": "BadRequestError",
         "param": None, "code": 400}
     assert_serving(client)
 

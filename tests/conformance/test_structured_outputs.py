@@ -96,7 +96,8 @@ def test_tgi_regex_grammar_with_huggingface_hub(live_server: RunningServer) -> N
          "grammar is not valid: Grammar must have a 'properties' field"),
         ({"type": "json", "value": {"type": "frog", "properties": {}}},
          "grammar is not valid: 'frog' is not valid under any of the given schemas"),
-        ({"type": "regex", "value": "(ab"}, "Grammar error: "),  # the engine's own check
+        ({"type": "regex", "value": "(ab"},  # the engine's own check
+         "Failed to transform regex into a grammar: Regex parsing error at position 4"),
     ],
 )
 @pytest.mark.parametrize("path", ["/generate", "/generate_stream", "/"])
@@ -188,7 +189,8 @@ def test_triton_regex_in_generate_parameters(http: httpx.Client, route: str) -> 
         ({"structured_outputs": "{not json"}, "parameter 'structured_outputs' must be a JSON"),
         ({"max_tokens": "many"}, "parameter 'max_tokens' must be an integer"),
         ({"prompt_logprobs": 1}, "sampling parameter 'prompt_logprobs' is not supported"),
-        ({"structured_outputs": json.dumps({"regex": "(ab"})}, "Grammar error: "),
+        ({"structured_outputs": json.dumps({"regex": "(ab"})},
+         "Failed to transform regex into a grammar: Regex parsing error"),
     ],
 )
 def test_triton_bad_sampling_parameters_are_400s_through_tritonclient(
@@ -278,8 +280,9 @@ def test_djl_streamed_json_schema(http: httpx.Client) -> None:
          "Input parsing failed: parameters.structured_outputs.choice must be a non-empty list"),
         ({"json_schema": [1]}, "2 validation errors"),
         ({"json_schema": {"type": "object", "properties": {"a": {"type": "frog"}}}},
-         "Grammar error: "),  # the engine's own check
+         'Failed to transform json schema into a grammar: Unsupported type "frog"'),
         ({"structured_outputs": {"grammar": "root ::= missing"}}, "Invalid grammar"),
+        ({"structured_outputs": {"grammar": "root ::= "}}, "Invalid grammar"),
     ],
 )
 @pytest.mark.parametrize("stream", [False, True])
@@ -291,4 +294,23 @@ def test_djl_bad_constraints_are_424s(
     body = response.json()
     assert set(body) == {"error", "code"} and body["code"] == 424
     assert body["error"].startswith(message), body
+    assert_still_serving(http)
+
+
+# grammars xgrammar refuses but guidance takes: vLLM's `auto` checked them with guidance, then the
+# engine compiled them with xgrammar (its one backend) and failed: they were 500s
+@pytest.mark.parametrize("grammar", ["root ::= ", 'root ::= "a" | ', 'root ::= "a"\nroot ::= "b"'])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_grammars_the_engine_cannot_compile_are_openai_400s(
+    http: httpx.Client, path: str, grammar: str
+) -> None:
+    body: dict[str, Any] = {"model": "tiny", "max_tokens": 2,
+                            "structured_outputs": {"grammar": grammar}}
+    if path.endswith("chat/completions"):
+        body["messages"] = [{"role": "user", "content": PROMPT}]
+    else:
+        body["prompt"] = PROMPT
+    response = http.post(path, json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"].startswith("Invalid grammar"), response.text
     assert_still_serving(http)
