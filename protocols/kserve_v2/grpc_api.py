@@ -352,6 +352,12 @@ def decode_inputs(request: Any) -> list[Tensor]:
         raise InvalidRequest(
             f"expected {len(request.inputs)} inputs in raw_input_contents but got {len(raw)}"
         )
+    both = next((item.name for item in request.inputs if raw and item.HasField("contents")), None)
+    if both is not None:
+        raise InvalidRequest(
+            "contents field must not be specified when using raw_input_contents for input "
+            f"'{both}' for model '{request.model_name}'"
+        )
     decoded: list[Tensor] = []
     for index, item in enumerate(request.inputs):
         dtype = tensors.datatype(item.datatype, item.name)

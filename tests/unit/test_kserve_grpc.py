@@ -146,6 +146,16 @@ def test_raw_contents_must_cover_every_input() -> None:
         decode_inputs(request)
 
 
+def test_raw_contents_and_typed_contents_are_not_mixed() -> None:
+    request = infer_request()
+    request.inputs[0].contents.bytes_contents.append(b"also typed")
+    with pytest.raises(InvalidRequest, match=(
+        "contents field must not be specified when using raw_input_contents for input "
+        "'text_input' for model 'tiny'"
+    )):
+        decode_inputs(request)
+
+
 def test_request_parameters_are_plain_values() -> None:
     request = service_pb2.ModelInferRequest()
     request.parameters["max_tokens"].int64_param = 7
