@@ -27,7 +27,8 @@ from prometheus_client.utils import floatToGoString
 _OPENMETRICS_ONLY = ("_created", "_gsum", "_gcount")  # moved to gauges of their own, at the end
 _PROMETHEUS_TYPES = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram",
                      "unknown": "untyped"}
-_MAX_KEPT = 200_000  # series heads kept; past that the cache starts over (adapters come and go)
+_MAX_HEADS = 200_000  # series heads kept; past that the cache starts over (adapters come and go)
+_MAX_VALUES = 10_000  # value texts kept (counts repeat; sums and times rarely do)
 
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -72,7 +73,7 @@ class Exposition:
         key = (sample.name, tuple(sample.labels.items()))
         head = self._heads.get(key)
         if head is None:
-            if len(self._heads) >= _MAX_KEPT:
+            if len(self._heads) >= _MAX_HEADS:
                 self._heads.clear()
             head = self._heads[key] = _head(sample)
         if sample.timestamp is not None:
@@ -84,7 +85,7 @@ class Exposition:
             return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
         text = self._values.get(value)
         if text is None:
-            if len(self._values) >= _MAX_KEPT:
+            if len(self._values) >= _MAX_VALUES:
                 self._values.clear()
             text = self._values[value] = floatToGoString(value)  # type: ignore[no-untyped-call]
         return text
