@@ -250,10 +250,7 @@ def _check_alpha(config: Mapping[str, object]) -> None:
     """`lora_alpha` and every `alpha_pattern` value must be finite numbers: vLLM's worker divides
     them by the rank (a string fails there, after the checks), and NaN or an infinity scales the
     adapter's every output to NaN."""
-    pattern = config.get("alpha_pattern") or {}
-    if not isinstance(pattern, dict):
-        raise AdapterInvalid(f"{CONFIG_FILE} has an invalid alpha_pattern")
-    alphas = [config.get("lora_alpha"), *pattern.values()]
+    alphas = _with_pattern(config, "lora_alpha", "alpha_pattern")
     if not all(_finite_number(alpha) for alpha in alphas):
         raise AdapterInvalid(f"{CONFIG_FILE}: 'lora_alpha' must be a finite number")
 
@@ -267,11 +264,16 @@ def _finite_number(value: object) -> bool:
         return False
 
 
-def _check_rank(config: Mapping[str, object], max_rank: int) -> int:
-    pattern = config.get("rank_pattern") or {}
+def _with_pattern(config: Mapping[str, object], key: str, pattern_key: str) -> list[object]:
+    """`config[key]` and every per-module override of it in `config[pattern_key]`."""
+    pattern = config.get(pattern_key) or {}
     if not isinstance(pattern, dict):
-        raise AdapterInvalid(f"{CONFIG_FILE} has an invalid rank_pattern")
-    ranks = [config.get("r"), *pattern.values()]
+        raise AdapterInvalid(f"{CONFIG_FILE} has an invalid {pattern_key}")
+    return [config.get(key), *pattern.values()]
+
+
+def _check_rank(config: Mapping[str, object], max_rank: int) -> int:
+    ranks = _with_pattern(config, "r", "rank_pattern")
     if not all(_positive_int(r) for r in ranks):
         raise AdapterInvalid(f"{CONFIG_FILE}: the LoRA rank 'r' must be a positive integer")
     highest = max(r for r in ranks if isinstance(r, int))
