@@ -20,6 +20,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,18 +216,24 @@ def descendants(pid: int) -> list[int]:
 
 def _reap(pids: list[int], timeout: float) -> None:
     """Engine cores and workers outliving their parent get SIGTERM, then SIGKILL."""
-    deadline = time.monotonic() + timeout
+    wait_s = timeout
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = [p for p in pids if process_alive(p)]
-        for pid in alive:
+        for pid in [p for p in pids if process_alive(p)]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
-        while alive and time.monotonic() < deadline:
-            time.sleep(0.2)
-            alive = [p for p in alive if process_alive(p)]
-        if not alive:
+        if not alive_after(pids, wait_s):
             return
-        deadline = time.monotonic() + 5.0
+        wait_s = 5.0
+
+
+def alive_after(pids: Sequence[int], timeout_s: float) -> list[int]:
+    """Those of `pids` still running after waiting up to `timeout_s` for them to end."""
+    deadline = time.monotonic() + timeout_s
+    alive = [p for p in pids if process_alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in alive if process_alive(p)]
+    return alive
 
 
 def process_alive(pid: int) -> bool:

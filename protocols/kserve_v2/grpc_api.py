@@ -352,11 +352,11 @@ def decode_inputs(request: Any) -> list[Tensor]:
         raise InvalidRequest(
             f"expected {len(request.inputs)} inputs in raw_input_contents but got {len(raw)}"
         )
-    both = next((item.name for item in request.inputs if raw and item.HasField("contents")), None)
-    if both is not None:
+    typed = [item.name for item in request.inputs if item.HasField("contents")]
+    if raw and typed:
         raise InvalidRequest(
             "contents field must not be specified when using raw_input_contents for input "
-            f"'{both}' for model '{request.model_name}'"
+            f"'{typed[0]}' for model '{request.model_name}'"
         )
     decoded: list[Tensor] = []
     for index, item in enumerate(request.inputs):

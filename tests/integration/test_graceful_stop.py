@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from bench.record import process_roles
-from bench.servers import process_alive
+from bench.servers import alive_after
 from tests.integration.traffic import (
     MIX,
     Outcome,
@@ -130,7 +130,6 @@ async def test_sigterm_drains_32_mixed_requests_then_exits_0(tmp_path: Path) -> 
     assert start_up_problems(log) == []
 
 
-
 @pytest.mark.engine
 async def test_a_killed_gateway_takes_its_engine_core_down(tmp_path: Path) -> None:
     """SIGKILL (the OOM killer, kill -9) runs no shutdown: vLLM's engine core, a child of the
@@ -141,11 +140,7 @@ async def test_a_killed_gateway_takes_its_engine_core_down(tmp_path: Path) -> No
                   if role == "engine"]
         server.process.kill()
         server.process.wait(10)
-        for _ in range(int(WAIT_S / 0.2)):
-            if not any(process_alive(pid) for pid in engine):
-                break
-            await asyncio.sleep(0.2)
-        left = [pid for pid in engine if process_alive(pid)]
+        left = alive_after(engine, WAIT_S)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         log = server.log()

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.servers import process_alive
+from bench.servers import alive_after, process_alive
 from server.core.json_limits import MAX_JSON_DEPTH
 from tests.integration.sources_kit import S3_ENV, MotoServer
 from tests.integration.traffic import (
@@ -351,11 +351,9 @@ def test_workers_stop_when_their_supervisor_is_killed_while_they_start(tmp_path:
 
 def _assert_orphans_stop(server: RunningServer, pids: dict[str, int]) -> None:
     try:
-        deadline = time.monotonic() + 30
-        while any(process_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        left = alive_after(list(pids.values()), 30)
         log = server.log()
-        assert not any(process_alive(pid) for pid in pids.values()), log[-4000:]
+        assert not left, log[-4000:]
         assert log.count("the supervisor is gone: stopping") == 2, log[-4000:]
     finally:
         for pid in pids.values():
