@@ -139,16 +139,21 @@ class InferenceService:
         request k becomes k * n + i; every `Started` says its prompt; one `Done` sums the usage."""
         key = await self._admit(requests)
         tasks = [asyncio.ensure_future(self._launch(r, key)) for r in requests]
+        started = False
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        finally:
             streams = await _settle(tasks)
-        failure = next((t.exception() for t in tasks if not t.cancelled() and t.exception()), None)
-        if failure is not None or len(streams) < len(tasks):
-            for stream in streams:
-                await stream.aclose()
-            raise failure or asyncio.CancelledError()
-        return BatchStream(streams)
+            failure = next(
+                (t.exception() for t in tasks if not t.cancelled() and t.exception()), None
+            )
+            if failure is not None or len(streams) < len(tasks):
+                raise failure or asyncio.CancelledError()
+            started = True
+            return BatchStream(streams)
+        finally:
+            if not started:  # failed, or cancelled (the client left): close what did start
+                for stream in await _settle(tasks):
+                    await stream.aclose()
 
     async def generate_batch(self, requests: Sequence[GenerationRequest]) -> GenerationResult:
         events = await self.start_batch(requests)
@@ -193,6 +198,8 @@ class InferenceService:
         try:
             for request in requests:
                 _check_structured(request)
+            if count > 1:
+                self._check_batch_fits(requests)
             self._gate()
             self.lifecycle.enter(count)
             try:
@@ -209,6 +216,18 @@ class InferenceService:
                 self.observer.rejected(request, exc.error_type)
             raise
         return key
+
+    def _check_batch_fits(self, requests: Sequence[GenerationRequest]) -> None:
+        """A batch runs together, so its adapters must all be in the engine at once: refuse one
+        that names more than the engine holds (it would wait for room that never comes)."""
+        places = self.adapters.limits.max_cpu_loras
+        adapters = {self._queue_key(r) for r in requests} - {""}
+        if self.adapters.limits.enabled and len(adapters) > places:
+            raise InvalidRequest(
+                f"This batch names {len(adapters)} distinct adapters, but the engine holds at "
+                f"most {places} at once (maxCpuLoras): send at most {places} per request.",
+                param="adapters",
+            )
 
     def _queue_key(self, request: GenerationRequest) -> str:
         """The admission queue a request waits in: its adapter's registered name (a workflow

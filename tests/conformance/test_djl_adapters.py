@@ -304,6 +304,23 @@ def test_list_of_inputs_with_different_adapters_runs_as_one_batch(
     assert [o["generated_text"] for o in response.json()] == [reference[n] for n in names]
 
 
+def test_a_batch_of_more_adapters_than_the_engine_holds_is_refused_at_once(
+    data: httpx.Client, mgmt: httpx.Client, reference: dict[str, str]
+) -> None:
+    names = ["a1", "a2", "a3", "djl-w4", "djl-w5"]  # the engine holds 4 (maxCpuLoras)
+    for name, src in (("djl-w4", "a4"), ("djl-w5", "a5")):
+        assert register(mgmt, name, TEST_ADAPTERS / src).status_code == 200
+    try:
+        wide = lmi(data, inputs=[PROMPT] * 5, adapters=names)
+        assert wide.status_code == 424, wide.text
+        assert "5 distinct adapters" in wide.json()["error"]
+        assert lmi(data, inputs=[PROMPT] * 4, adapters=names[1:]).status_code == 200
+    finally:
+        for name in names[3:]:
+            unregister(mgmt, name)
+    assert_serving(data, reference)
+
+
 def test_details_and_full_text(data: httpx.Client, reference: dict[str, str]) -> None:
     response = lmi(data, adapters="a1", parameters={
         "max_new_tokens": TOKENS, "details": True, "return_full_text": True})

@@ -13,6 +13,7 @@ from server.core.adapters import AdapterLimits, AdapterRegistry
 from server.core.errors import (
     DeadlineExceeded,
     EngineError,
+    InvalidRequest,
     ModelNotFound,
     Overloaded,
     RequestNotFound,
@@ -180,6 +181,38 @@ async def test_batch_offsets_choices_and_sums_usage() -> None:
     assert result.choices[2].text == "c d c "
     assert result.usage.completion_tokens == 7
     assert result.usage.prompt_tokens == 4
+
+
+async def test_a_batch_whose_client_leaves_while_it_starts_holds_nothing() -> None:
+    engine = FakeEngine(FakeScript(hang_after=1))
+    service = make_service(engine)
+    slow = asyncio.Event()
+    resolve = service._resolve
+
+    async def slow_resolve(gen: GenerationRequest) -> object:
+        if gen.model == "slow":
+            await slow.wait()  # e.g. an adapter waiting for a cached place
+        return await resolve(replace(gen, model=""))
+
+    service._resolve = slow_resolve  # type: ignore[method-assign,assignment]
+    batch = asyncio.ensure_future(
+        service.start_batch([request("a b", rid="b"), request("c d", rid="b", model="slow")])
+    )
+    await asyncio.sleep(0.05)  # the first prompt starts; the second waits for `slow`
+    assert len(engine.requests) == 1
+    batch.cancel()  # the client disconnected
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    assert (service.admission.running, service.lifecycle.inflight) == (0, 0)
+    assert len(engine.aborted) == 1 and not service.is_active("b")
+
+
+async def test_a_batch_of_more_adapters_than_the_engine_holds_is_refused_at_once() -> None:
+    service = make_service()  # maxCpuLoras 4
+    names = [f"a{i}" for i in range(5)]
+    with pytest.raises(InvalidRequest, match=r"5 distinct adapters.*at most 4"):
+        await service.generate_batch([request(model=name) for name in names])
+    assert (service.admission.running, service.lifecycle.inflight) == (0, 0)
 
 
 async def test_abort_all_turns_running_streams_into_in_band_errors() -> None:
