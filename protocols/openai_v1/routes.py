@@ -358,6 +358,8 @@ def unload_lora_adapter(ctx: ProtocolContext) -> Endpoint:
                 "'lora_name' needs to be provided to unload a LoRA adapter."
             )
         try:
+            if adapters.is_merged(name):  # composed by requests: not the manager's to remove
+                raise AdapterNotFound(name)
             await adapters.unregister(name)  # frees the engine slot once in-flight requests end
         except AdapterNotFound:
             raise AdapterNotFound(

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from server.core.adapter_catalog import AdapterCatalog
 from server.core.adapter_files import AdapterFiles, AdapterRules, check_name
-from server.core.adapter_records import AdapterLimits, AdapterRecord
+from server.core.adapter_records import MERGED_NAME, MERGED_ORIGIN, AdapterLimits, AdapterRecord
 from server.core.adapter_residency import AdapterResidency
 from server.core.adapter_sources import AdapterSources
 from server.core.adapter_state import AdapterJournal, SavedAdapter
@@ -22,6 +22,7 @@ from server.core.errors import (
     AdapterExists,
     AdapterInvalid,
     GatewayError,
+    InvalidRequest,
     LoraDisabled,
     Overloaded,
 )
@@ -60,6 +61,11 @@ class AdapterChanges:
         `AdapterRegistry.register`)."""
         check_enabled(self.limits)
         checked = check_name(name, self.rules)
+        if origin != MERGED_ORIGIN and MERGED_NAME.fullmatch(checked):
+            raise InvalidRequest(
+                f"The adapter name {checked} is reserved for adapters composed by "
+                "merged_adapters.", param="name",
+            )
         _check_pin_options(preload=preload, pin=pin)
         self._catalog.check_free(checked)
         files = await self._sources.inspect(src)

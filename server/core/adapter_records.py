@@ -3,6 +3,7 @@ their residency, the per-adapter numbers, the folder refusals, the limits."""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -12,6 +13,8 @@ from server.core.types import AdapterHandle
 
 # AdapterRecord.origin of a composed adapter (server/core/composition.py)
 MERGED_ORIGIN = "merged"
+# the names composed adapters are registered under: no management call may take one
+MERGED_NAME = re.compile(r"merged-[0-9a-f]{16}")
 
 # Upper bounds (seconds) of the load-latency histogram (validation + the engine's add_adapter).
 LOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -141,6 +141,21 @@ def test_merged_output_equals_peft_cat_reference(
     assert not any(m.startswith("merged-") for m in models)  # not listed
 
 
+def test_composed_names_are_not_the_managers_to_take_or_remove(
+    server: tuple[RunningServer, Path], http: httpx.Client
+) -> None:
+    reference = tgi(http, merged_adapters=MERGE)  # composed (or already there)
+    key = next(p.name for p in server[1].iterdir() if not p.name.startswith("."))
+    composed = f"merged-{key[:16]}"
+    removed = http.post("/v1/unload_lora_adapter", json={"lora_name": composed})
+    assert removed.status_code == 404, removed.text
+    for name in (composed, "merged-0123456789abcdef"):
+        taken = http.post("/v1/load_lora_adapter",
+                          json={"lora_name": name, "lora_path": str(DEMO / "adapters" / "a1")})
+        assert taken.status_code == 400 and "is reserved" in taken.json()["error"]["message"]
+    assert tgi(http, merged_adapters=MERGE) == reference
+
+
 @pytest.mark.parametrize(("merge", "tgi_status", "openai_status", "words"), [
     ({"ids": ["a1", "nope"]}, 422, 404, "`nope` does not exist"),
     ({"ids": ["a1", "a2", "a3"]}, 422, 400, "greater than max_lora_rank 16"),
