@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from server.core.errors import EngineError
+from server.core.errors import EngineError, InvalidRequest
 from server.core.types import (
     Delta,
     Done,
@@ -44,6 +44,7 @@ class EventFolder:
         self._top = request.output.logprobs
         self._prompt_top = request.output.prompt_logprobs
         self._final_only = not request.stream
+        self._structured = request.sampling.structured is not None
         self._started = False
         self._ended: set[int] = set()
         self._generated = 0
@@ -94,6 +95,8 @@ class EventFolder:
         finish = None
         if ends:
             assert reason is not None
+            if reason == "error" and self._structured and not (self._generated or token_ids):
+                raise _uncompiled_constraint()
             finish = _finish_reason(reason)
             self._ended.add(completion.index)
         return Delta(
@@ -113,6 +116,15 @@ def _token_timing(stats: RequestStateStats | object) -> TokenTiming | None:
     if not first_latency or not first:
         return None
     return TokenTiming(first_token_s=first_latency, decode_s=max(last - first, 0.0))
+
+
+def _uncompiled_constraint() -> InvalidRequest:
+    """A structured request the engine failed before its first token: it could not compile the
+    constraint (vLLM fails only that request; a regex gets 5 s), the one failure it has there."""
+    return InvalidRequest(
+        "The engine could not compile this request's structured output constraint (a regex "
+        "may take at most 5 s): simplify the regex, grammar or JSON schema."
+    )
 
 
 def _finish_reason(reason: str) -> FinishReason:
