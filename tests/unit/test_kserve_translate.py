@@ -287,6 +287,11 @@ def test_request_parameters_may_carry_tritons_own_keys_and_input_flags() -> None
         read_knobs({"sequence_id": 3}, from_request=False)
 
 
+def test_sampling_parameters_among_the_request_parameters_is_refused_not_skipped() -> None:
+    with pytest.raises(InvalidRequest, match="'sampling_parameters' is an input"):
+        read_knobs({"sampling_parameters": '{"max_tokens": 3}'}, from_request=True)
+
+
 # vLLM 0.32's SamplingParams fields (spec §4); the integration tier checks the installed vLLM.
 VLLM_032_FIELDS = frozenset({
     "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
