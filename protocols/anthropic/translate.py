@@ -261,14 +261,16 @@ def _sampling(
     body: schema.MessagesRequest, plan: ToolPlan, bounds: RequestBounds,
     defaults: SamplingDefaults, thinking_budget: int | None,
 ) -> Sampling:
-    """A field the request leaves out takes the model's default, else the neutral value."""
+    """A field the request leaves out takes the model's default, else the neutral value. Stop
+    sequences end text, not a forced call's JSON input (which they would cut to nothing)."""
+    stop = stop_strings(body.stop_sequences, bounds, param="stop_sequences")
     sampling = Sampling(
         max_new_tokens=bounded_max_tokens(body.max_tokens, bounds),
         thinking_token_budget=thinking_budget,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=body.top_k or 0,
-        stop=stop_strings(body.stop_sequences, bounds, param="stop_sequences"),
+        stop=() if plan.forced else stop,
         structured=_structured(body, plan),
         budget=VLLM_CUTS,  # as vLLM's chat path, which serves its Messages API
     )

@@ -146,7 +146,7 @@ def test_a_forced_tool_call_always_validates(client: anthropic.Anthropic, choice
     schemas = {tool["name"]: tool["input_schema"] for tool in TOOLS}
     message = client.messages.create(
         model="tiny", messages=ROUND_TRIP[:1], tools=TOOLS, tool_choice=choice, max_tokens=60,
-        extra_body={"temperature": 0},
+        extra_body={"temperature": 0}, stop_sequences=["{", '"'],  # end text, not the input
     )
     assert message.stop_reason == "tool_use"
     calls = [block for block in message.content if block.type == "tool_use"]

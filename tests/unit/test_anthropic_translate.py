@@ -243,6 +243,14 @@ def test_a_forced_tool_call_wins_over_the_output_format() -> None:
     assert sampling_of(output_config={"effort": "high"}).structured is None
 
 
+def test_stop_sequences_end_text_but_never_cut_a_forced_calls_input() -> None:
+    forced = {"tools": TOOLS, "tool_choice": {"type": "any"}}
+    assert sampling_of(stop_sequences=["{"], **forced).stop == ()
+    assert sampling_of(stop_sequences=["{"], tools=TOOLS).stop == ("{",)
+    with pytest.raises(InvalidRequest):  # still checked
+        sampling_of(stop_sequences=[""], **forced)
+
+
 def test_both_output_formats_are_refused_naming_the_beta_one() -> None:
     with pytest.raises(InvalidRequest) as caught:
         sampling_of(output_format=FORMAT, output_config={"format": FORMAT})
