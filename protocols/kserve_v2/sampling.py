@@ -259,12 +259,6 @@ def read_knobs(params: Mapping[str, object], *, from_request: bool) -> dict[str,
     """Convert known parameters; anything else is an error, except in request parameters
     (`from_request`), where Triton's own keys and the input flags are skipped."""
     knobs: dict[str, Knob] = {}
-    if from_request and "sampling_parameters" in params:  # its knobs would go unread
-        raise InvalidRequest(
-            "'sampling_parameters' is an input, not a request parameter: send it beside "
-            "'text_input' (or as an input tensor), or put its fields in 'parameters' directly",
-            param="sampling_parameters",
-        )
     for wire, raw in params.items():
         spec = KNOBS.get(wire)
         if spec is not None:
@@ -285,8 +279,12 @@ def read_knobs(params: Mapping[str, object], *, from_request: bool) -> dict[str,
 
 
 def _triton_owned(name: str) -> bool:
+    """Keys request parameters may carry besides sampling knobs: Triton's own and the input
+    flags. Not `sampling_parameters`: its knobs would go unread (vllm_backend refuses it)."""
     return (
-        name in TRITON_REQUEST_PARAMETERS or name in INPUT_SPECS or name.startswith(TRITON_PREFIX)
+        name in TRITON_REQUEST_PARAMETERS
+        or (name in INPUT_SPECS and name != "sampling_parameters")
+        or name.startswith(TRITON_PREFIX)
     )
 
 

@@ -32,6 +32,7 @@ from protocols.openai_v1 import (
     tokenizer,
     tools,
 )
+from server.core.adapter_records import MERGED_NAME
 from server.core.batch import BatchStream
 from server.core.engine import OutputParser
 from server.core.errors import (
@@ -358,7 +359,7 @@ def unload_lora_adapter(ctx: ProtocolContext) -> Endpoint:
                 "'lora_name' needs to be provided to unload a LoRA adapter."
             )
         try:
-            if adapters.is_merged(name):  # composed by requests: not the manager's to remove
+            if MERGED_NAME.fullmatch(name):  # composed by requests: not the manager's to remove
                 raise AdapterNotFound(name)
             await adapters.unregister(name)  # frees the engine slot once in-flight requests end
         except AdapterNotFound:

@@ -16,6 +16,12 @@ MERGED_ORIGIN = "merged"
 # the names composed adapters are registered under: no management call may take one
 MERGED_NAME = re.compile(r"merged-[0-9a-f]{16}")
 
+
+def merged_name(key: str) -> str:
+    """The registered name of the composed adapter whose (hex) composition key is `key`."""
+    return f"merged-{key[:16]}"
+
+
 # Upper bounds (seconds) of the load-latency histogram (validation + the engine's add_adapter).
 LOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 

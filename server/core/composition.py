@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Protocol
 
 from server.core.adapter_files import CONFIG_FILE, AdapterRules
-from server.core.adapter_records import MERGED_ORIGIN, AdapterRecord
+from server.core.adapter_records import MERGED_ORIGIN, AdapterRecord, merged_name
 from server.core.errors import (
     AdapterExists,
     AdapterInvalid,
@@ -51,7 +51,6 @@ logger = logging.getLogger("gateway.adapters")
 STRATEGIES = ("linear", "ties", "dare_linear", "dare_ties")  # LoRAX's names
 SUPPORTED_STRATEGIES = ("linear",)
 SIGN_METHODS = ("total", "frequency")
-MERGED_PREFIX = "merged-"
 MAX_MERGED_IDS = 16
 CACHED_PER_ENTRY = 4  # folders kept in the cache per registered composed adapter
 _FORMAT = 1  # of the composed files: a change of the math gets new cache entries
@@ -197,7 +196,7 @@ class Composition:
         records = [await registry.ensure(name) for name in merge.ids]
         self._check_rank(records, registry.rules.max_rank)
         key = merge_key([r.digest for r in records], merge)
-        name = MERGED_PREFIX + key[:16]
+        name = merged_name(key)
         if registry.is_merged(name):
             if (self.folder / key / CONFIG_FILE).is_file():
                 return name

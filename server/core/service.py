@@ -139,7 +139,7 @@ class InferenceService:
         request k becomes k * n + i; every `Started` says its prompt; one `Done` sums the usage."""
         key = await self._admit(requests)
         tasks = [asyncio.ensure_future(self._launch(r, key)) for r in requests]
-        started = False
+        batch: BatchStream | None = None
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             streams = await _settle(tasks)
@@ -148,12 +148,11 @@ class InferenceService:
             )
             if failure is not None or len(streams) < len(tasks):
                 raise failure or asyncio.CancelledError()
-            started = True
-            return BatchStream(streams)
+            batch = BatchStream(streams)
+            return batch
         finally:
-            if not started:  # failed, or cancelled (the client left): close what did start
-                for stream in await _settle(tasks):
-                    await stream.aclose()
+            if batch is None:  # failed, or cancelled (the client left): close what did start
+                await _close_started(tasks)
 
     async def generate_batch(self, requests: Sequence[GenerationRequest]) -> GenerationResult:
         events = await self.start_batch(requests)
@@ -219,13 +218,17 @@ class InferenceService:
 
     def _check_batch_fits(self, requests: Sequence[GenerationRequest]) -> None:
         """A batch runs together, so its adapters must all be in the engine at once: refuse one
-        that names more than the engine holds (it would wait for room that never comes)."""
-        places = self.adapters.limits.max_cpu_loras
+        that names more than the engine can hold besides the pinned adapters it does not name
+        (it would wait for room that never comes, holding the places it got)."""
         adapters = {self._queue_key(r) for r in requests} - {""}
+        pinned = {r.name for r in self.adapters.records() if r.pin} - adapters
+        places = self.adapters.limits.max_cpu_loras - len(pinned)
         if self.adapters.limits.enabled and len(adapters) > places:
+            held = f", {len(pinned)} of them pinned to other adapters" if pinned else ""
             raise InvalidRequest(
                 f"This batch names {len(adapters)} distinct adapters, but the engine holds at "
-                f"most {places} at once (maxCpuLoras): send at most {places} per request.",
+                f"most {self.adapters.limits.max_cpu_loras} at once (maxCpuLoras{held}): send "
+                f"at most {places} per request.",
                 param="adapters",
             )
 
@@ -338,6 +341,22 @@ def _check_structured(request: GenerationRequest) -> None:
     structured = request.sampling.structured
     if structured is not None and structured.json_schema is not None:
         check_schema_depth(structured.json_schema)
+
+
+async def _close_started(tasks: Sequence[asyncio.Future[EventStream]]) -> None:
+    """Close the streams of `tasks` that started, in a task of its own that a second cancel of
+    the caller cannot interrupt (what it holds would stay held for good)."""
+    async def close() -> None:
+        for stream in await _settle(tasks):
+            await stream.aclose()
+
+    closing = asyncio.ensure_future(close())
+    _CLOSING.add(closing)
+    closing.add_done_callback(_CLOSING.discard)
+    await asyncio.shield(closing)
+
+
+_CLOSING: set[asyncio.Future[None]] = set()  # clean-ups running: kept from the collector
 
 
 async def _settle(tasks: Sequence[asyncio.Future[EventStream]]) -> list[EventStream]:

@@ -286,10 +286,10 @@ class EventStream:
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
-        if not self._done:
-            self._cancelled = True
-            await asyncio.shield(self._abort())
-        try:
+        try:  # a cancel while aborting must not skip the clean-up: nothing would run it again
+            if not self._done:
+                self._cancelled = True
+                await asyncio.shield(self._abort())
             await self._events.aclose()
         finally:
             self._report_gaps()

@@ -95,7 +95,7 @@ class EventFolder:
         finish = None
         if ends:
             assert reason is not None
-            if reason == "error" and self._structured and not (self._generated or token_ids):
+            if reason == "error" and self._structured and not self._generated:
                 raise _uncompiled_constraint()
             finish = _finish_reason(reason)
             self._ended.add(completion.index)
@@ -119,8 +119,9 @@ def _token_timing(stats: RequestStateStats | object) -> TokenTiming | None:
 
 
 def _uncompiled_constraint() -> InvalidRequest:
-    """A structured request the engine failed before its first token: it could not compile the
-    constraint (vLLM fails only that request; a regex gets 5 s), the one failure it has there."""
+    """A structured request the engine failed before its first token. On this engine that is
+    its constraint failing to compile (vLLM then fails only that request; a regex gets 5 s):
+    vLLM's other failure there, pre-processing, is mostly the same grammar set-up."""
     return InvalidRequest(
         "The engine could not compile this request's structured output constraint (a regex "
         "may take at most 5 s): simplify the regex, grammar or JSON schema."

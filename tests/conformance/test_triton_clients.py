@@ -363,7 +363,7 @@ TEXT = {"name": "text_input", "shape": [1], "datatype": "BYTES", "data": [PROMPT
 BAD_POSTS: list[tuple[str, Any, dict[str, str], int, str]] = [
     ("/v2/models/tiny/generate",
      {"text_input": "x", "parameters": {"sampling_parameters": '{"max_tokens": 3}'}}, {}, 400,
-     "'sampling_parameters' is an input"),
+     "Unexpected keyword argument 'sampling_parameters'"),
     ("/v2/models/tiny/infer", b"{oops", {}, 400, "not valid JSON"),
     ("/v2/models/tiny/infer", {"inputs": [{**TEXT, "datatype": "FP32", "data": [1.0]}]}, {}, 400,
      "expects 'BYTES'"),

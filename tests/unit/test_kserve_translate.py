@@ -288,7 +288,7 @@ def test_request_parameters_may_carry_tritons_own_keys_and_input_flags() -> None
 
 
 def test_sampling_parameters_among_the_request_parameters_is_refused_not_skipped() -> None:
-    with pytest.raises(InvalidRequest, match="'sampling_parameters' is an input"):
+    with pytest.raises(InvalidRequest, match="Unexpected keyword argument 'sampling_parameters'"):
         read_knobs({"sampling_parameters": '{"max_tokens": 3}'}, from_request=True)
 
 

@@ -183,7 +183,8 @@ async def test_batch_offsets_choices_and_sums_usage() -> None:
     assert result.usage.prompt_tokens == 4
 
 
-async def test_a_batch_whose_client_leaves_while_it_starts_holds_nothing() -> None:
+@pytest.mark.parametrize("cancels", [1, 2])
+async def test_a_batch_whose_client_leaves_while_it_starts_holds_nothing(cancels: int) -> None:
     engine = FakeEngine(FakeScript(hang_after=1))
     service = make_service(engine)
     slow = asyncio.Event()
@@ -200,19 +201,70 @@ async def test_a_batch_whose_client_leaves_while_it_starts_holds_nothing() -> No
     )
     await asyncio.sleep(0.05)  # the first prompt starts; the second waits for `slow`
     assert len(engine.requests) == 1
-    batch.cancel()  # the client disconnected
+    for _ in range(cancels):  # the client left; a second cancel (a shutdown) hits the clean-up
+        batch.cancel()
+        await asyncio.sleep(0)
     with pytest.raises(asyncio.CancelledError):
         await batch
+    await asyncio.sleep(0.05)
     assert (service.admission.running, service.lifecycle.inflight) == (0, 0)
     assert len(engine.aborted) == 1 and not service.is_active("b")
 
 
-async def test_a_batch_of_more_adapters_than_the_engine_holds_is_refused_at_once() -> None:
-    service = make_service()  # maxCpuLoras 4
-    names = [f"a{i}" for i in range(5)]
-    with pytest.raises(InvalidRequest, match=r"5 distinct adapters.*at most 4"):
-        await service.generate_batch([request(model=name) for name in names])
+async def test_a_batch_cancelled_while_it_aborts_a_started_prompt_holds_nothing() -> None:
+    engine = FakeEngine(FakeScript(hang_after=0))
+    abort = engine.abort
+
+    async def slow_abort(engine_id: str) -> None:  # the real engine's goes over a socket
+        await asyncio.sleep(0.05)
+        await abort(engine_id)
+
+    engine.abort = slow_abort  # type: ignore[method-assign]
+    service = make_service(engine)
+    resolve = service._resolve
+
+    async def failing_resolve(gen: GenerationRequest) -> object:
+        if gen.model == "bad":
+            await asyncio.sleep(0.05)
+            raise ModelNotFound("no")
+        return await resolve(replace(gen, model=""))
+
+    service._resolve = failing_resolve  # type: ignore[method-assign,assignment]
+    batch = asyncio.ensure_future(
+        service.start_batch([request("a b", rid="b"), request("c d", rid="b", model="bad")])
+    )
+    await asyncio.sleep(0.075)  # "bad" failed; the started prompt is being aborted
+    batch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    await asyncio.sleep(0.2)
     assert (service.admission.running, service.lifecycle.inflight) == (0, 0)
+    assert not service.is_active("b")
+
+
+async def test_a_batch_of_more_adapters_than_the_engine_can_hold_is_refused_at_once() -> None:
+    root = unit_demo()
+    engine = FakeEngine(model_name="tiny")
+    lifecycle = Lifecycle()
+    lifecycle.ready()
+    registry = AdapterRegistry(
+        engine=engine,
+        rules=AdapterRules(roots=(str(root),), max_rank=8, base_names=frozenset({"tiny"})),
+        limits=AdapterLimits(enabled=True, max_loras=2, max_cpu_loras=4),
+    )
+    service = InferenceService(engine=engine, adapters=registry, lifecycle=lifecycle,
+                               limits=Limits(), base_names=["tiny"])
+    await registry.register("p1", str(root / "adapters" / "a1"), pin=True)
+    await registry.register("p2", str(root / "adapters" / "a2"), pin=True)
+    for i in (4, 5, 6):
+        await registry.register(f"a{i}", str(root / "test-adapters" / f"a{i}"), preload=False)
+    with pytest.raises(InvalidRequest, match=r"3 distinct adapters.*2 of them pinned.*at most 2"):
+        await service.generate_batch([request(model=f"a{i}") for i in (4, 5, 6)])
+    assert (service.admission.running, service.lifecycle.inflight) == (0, 0)
+    served = await service.generate_batch(  # a pinned adapter it names takes no other place
+        [request(model=name) for name in ("a4", "a5", "p1", "a4", "")]
+    )
+    assert len(served.choices) == 5
 
 
 async def test_abort_all_turns_running_streams_into_in_band_errors() -> None:
