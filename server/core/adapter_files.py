@@ -251,11 +251,12 @@ def _check_alpha(config: Mapping[str, object]) -> None:
     them by the rank (a string fails there, after the checks), and NaN or an infinity scales the
     adapter's every output to NaN."""
     alphas = _with_pattern(config, "lora_alpha", "alpha_pattern")
-    if not all(_finite_number(alpha) for alpha in alphas):
+    if not all(finite_number(alpha) for alpha in alphas):
         raise AdapterInvalid(f"{CONFIG_FILE}: 'lora_alpha' must be a finite number")
 
 
-def _finite_number(value: object) -> bool:
+def finite_number(value: object) -> bool:
+    """An int or float (not a bool) that is finite as a float."""
     if not isinstance(value, int | float) or isinstance(value, bool):
         return False
     try:

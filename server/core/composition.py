@@ -26,14 +26,13 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from server.core.adapter_files import CONFIG_FILE, AdapterRules
+from server.core.adapter_files import CONFIG_FILE, AdapterRules, finite_number
 from server.core.adapter_records import MERGED_ORIGIN, AdapterRecord, merged_name
 from server.core.errors import (
     AdapterExists,
@@ -90,7 +89,7 @@ def merge_from_wire(value: object, *, param: str = "merged_adapters") -> Adapter
         )
     density = value.get("density")
     density = 0.0 if density is None else density
-    if not _is_number(density) or not 0.0 <= float(density) <= 1.0:
+    if not finite_number(density) or not 0.0 <= float(density) <= 1.0:
         raise InvalidRequest("`density` must be >= 0.0 and <= 1.0", param=f"{param}.density")
     sign = _choice(
         value.get("majority_sign_method"), SIGN_METHODS, "total", f"{param}.majority_sign_method"
@@ -119,7 +118,7 @@ def _ids(value: object, param: str) -> tuple[str, ...]:
 def _weights(value: object, count: int, param: str) -> tuple[float, ...]:
     if value is None:
         return (1.0,) * count  # LoRAX's documented default
-    if not isinstance(value, list) or not all(_is_number(w) for w in value):
+    if not isinstance(value, list) or not all(finite_number(w) for w in value):
         raise InvalidRequest(
             "`weights` must be a list of finite numbers", param=f"{param}.weights"
         )
@@ -128,15 +127,6 @@ def _weights(value: object, count: int, param: str) -> tuple[float, ...]:
             "number of adapter IDs must match number of adapter weights", param=f"{param}.weights"
         )
     return tuple(float(w) for w in value)
-
-
-def _is_number(value: object) -> bool:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:  # an integer beyond float range
-        return False
 
 
 def _choice(value: object, allowed: tuple[str, ...], default: str, param: str) -> str:
