@@ -220,14 +220,17 @@ class InferenceService:
         """A batch runs together, so its adapters must all be in the engine at once: refuse one
         that names more than the engine can hold besides the pinned adapters it does not name
         (it would wait for room that never comes, holding the places it got)."""
+        limits = self.adapters.limits
+        if not limits.enabled:
+            return
         adapters = {self._queue_key(r) for r in requests} - {""}
         pinned = {r.name for r in self.adapters.records() if r.pin} - adapters
-        places = self.adapters.limits.max_cpu_loras - len(pinned)
-        if self.adapters.limits.enabled and len(adapters) > places:
+        places = limits.max_cpu_loras - len(pinned)
+        if len(adapters) > places:
             held = f", {len(pinned)} of them pinned to other adapters" if pinned else ""
             raise InvalidRequest(
                 f"This batch names {len(adapters)} distinct adapters, but the engine holds at "
-                f"most {self.adapters.limits.max_cpu_loras} at once (maxCpuLoras{held}): send "
+                f"most {limits.max_cpu_loras} at once (maxCpuLoras{held}): send "
                 f"at most {places} per request.",
                 param="adapters",
             )
