@@ -95,7 +95,7 @@ def count_tokens(ctx: ProtocolContext) -> Endpoint:
 
     async def count(request: Request) -> Answer:
         body = await _body(request, ctx, schema.CountTokensRequest)
-        service.require_model(body.model)
+        await service.find_model(body.model)
         plan = translate.tool_plan(body, tool_call_parser=service.info().tool_call_parser)
         translate.output_format(body)  # both formats given is a 400 here too
         prompt = translate.chat_prompt(body, plan)

@@ -114,10 +114,10 @@ def _details(
 
 
 def to_response(
-    result: GenerationResult, plan: Plan, prefill_texts: Sequence[str] = ()
+    result: GenerationResult, plan: Plan, prefill_texts: Sequence[Sequence[str]] = ()
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """One object for a string input, a list (one per input) for a list of inputs.
-    `prefill_texts` are the prompt tokens' texts (for `decoder_input_details`)."""
+    `prefill_texts[k]` are input k's prompt tokens' texts (for `decoder_input_details`)."""
     n = plan.requests[0].sampling.n
     by_index = sorted(result.choices, key=lambda c: c.index)
     outputs = []
@@ -126,9 +126,17 @@ def to_response(
         prefix = plan.inputs[k] if plan.full_text else ""
         out: dict[str, Any] = {"generated_text": prefix + choices[0].text}
         if plan.details:
-            out["details"] = _details(k, choices, plan, result.prompt, prefill_texts)
+            out["details"] = _details(k, choices, plan, *_prompt(result, prefill_texts, k))
         outputs.append(out)
     return outputs[0] if plan.single else outputs
+
+
+def _prompt(
+    result: GenerationResult, prefill_texts: Sequence[Sequence[str]], k: int
+) -> tuple[Started, Sequence[str]]:
+    """Input k's prompt and its tokens' texts (none where the engine reported none)."""
+    started = result.prompts[k] if k < len(result.prompts) else Started(prompt_token_ids=())
+    return started, prefill_texts[k] if k < len(prefill_texts) else ()
 
 
 def _vllm_error(message: str, status: int) -> dict[str, Any]:

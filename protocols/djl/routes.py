@@ -165,10 +165,10 @@ async def _infer(ctx: ProtocolContext, request: Request, *, legacy: bool) -> Ans
         else service.generate_batch(plan.requests)
     )
     result = await _registered(until_disconnect(request, work))
-    texts_of_prompt: list[str] = []
-    if plan.prefill:
-        texts_of_prompt = service.token_texts(list(result.prompt.prompt_token_ids))
-    return JsonResponse(jsonio.dumps(responses.to_response(result, plan, texts_of_prompt)))
+    texts_of_prompts = [
+        service.token_texts(list(started.prompt_token_ids)) for started in result.prompts
+    ] if plan.prefill else []
+    return JsonResponse(jsonio.dumps(responses.to_response(result, plan, texts_of_prompts)))
 
 
 def _adapters(ctx: ProtocolContext, names: list[str]) -> list[str]:

@@ -375,7 +375,7 @@ def to_plan(
     stream = bool(body.stream)
     if stream and (len(texts) > 1 or sampling.n > 1):
         raise InvalidRequest("Streaming supports one input and n = 1 only", param="stream")
-    prefill = bool(p.decoder_input_details) and len(texts) == 1
+    prefill = bool(p.decoder_input_details)  # each input of a list gets its own, as in LMI
     output = OutputOptions(
         logprobs=0 if stream or p.details else None, prompt_logprobs=0 if prefill else None
     )

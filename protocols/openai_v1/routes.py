@@ -304,7 +304,7 @@ def retrieve_model(ctx: ProtocolContext) -> Endpoint:
 
     async def show_model(request: Request) -> Answer:
         name = request.path_params["model"]
-        service.require_model(name)
+        await service.find_model(name)
         parent = None if name in service.base_names else service.served_name
         return json_response(models.model_object(name, created=ctx.created, parent=parent))
 
@@ -388,7 +388,7 @@ def tokenize(ctx: ProtocolContext) -> Endpoint:
         else:
             body = _parse(schema.TokenizeCompletionRequest, data)
             text = body.prompt
-        service.require_model(body.model)
+        await service.find_model(body.model)
         ids = await service.tokenize(text, add_special_tokens=body.add_special_tokens)
         strs = service.token_texts(ids) if body.return_token_strs else None
         max_len = service.info().max_model_len
@@ -404,7 +404,7 @@ def detokenize(ctx: ProtocolContext) -> Endpoint:
 
     async def detokenize_ids(request: Request) -> Answer:
         body = await _body(request, ctx, schema.DetokenizeRequest)
-        service.require_model(body.model)
+        await service.find_model(body.model)
         vocab = service.info().vocab_size
         if any(token >= vocab for token in body.tokens):
             raise InvalidRequest(

@@ -22,6 +22,7 @@ from server.core.batch import BatchStream
 from server.core.collect import collect
 from server.core.engine import Engine, OutputParser
 from server.core.errors import (
+    AdapterNotFound,
     GatewayError,
     InvalidRequest,
     ModelNotFound,
@@ -111,10 +112,19 @@ class InferenceService:
         """Whether `name` selects the base model or a registered adapter (or workflow alias)."""
         return not name or name in self.base_names or name in self.adapters
 
-    def require_model(self, name: str | None) -> None:
-        """Raise `ModelNotFound` unless `name` (None or "" = the base model) can be served."""
-        if name and not self.knows(name):
+    async def find_model(self, name: str | None) -> None:
+        """Raise `ModelNotFound` unless `name` (None or "" = the base model) can be served, for
+        requests that generate nothing (tokenize, count tokens). A name only a discovery folder
+        or an adapter source may hold is looked up, and registered, as a generation would
+        (vLLM's `_check_model` resolves it too)."""
+        if not name or name in self.base_names:
+            return
+        if not self.knows(name):
             raise self._not_found(name)
+        try:
+            await self.adapters.ensure(name)
+        except AdapterNotFound:
+            raise self._not_found(name) from None
 
     # ---- generation --------------------------------------------------------------------------
     async def start(self, request: GenerationRequest) -> EventStream:

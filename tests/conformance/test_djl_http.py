@@ -95,6 +95,20 @@ def test_default_stream_lines_are_the_async_schema(current: httpx.Client) -> Non
     assert text == answer(current)["generated_text"]
 
 
+@pytest.mark.parametrize("inputs", [PROMPT, [PROMPT, "hello"]])
+def test_decoder_input_details_are_refused_alike_for_one_input_and_a_list(
+    current: httpx.Client, inputs: str | list[str]
+) -> None:
+    """A list asks for each input's prefill as one input does (LMI runs a list's inputs as
+    separate requests), so on this engine both are refused, never answered `prefill: []`."""
+    body = {"inputs": inputs, "parameters": {**FIXED, "details": True,
+                                             "decoder_input_details": True}}
+    response = current.post("/invocations", json=body)
+    assert response.status_code == 424, response.text
+    assert "Prompt logprobs" in response.text
+    assert answer(current)["generated_text"]  # the engine serves on
+
+
 # ---- option.rolling_batch=vllm: the legacy rolling-batch schema ----------------------------------
 
 def test_rolling_batch_answer_is_the_legacy_schema(

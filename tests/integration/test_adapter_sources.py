@@ -184,6 +184,28 @@ def test_a_name_found_in_no_source_is_the_protocols_404(data: httpx.Client) -> N
     assert 400 <= tgi.status_code < 500
 
 
+def test_tokenize_looks_a_name_up_in_the_sources_as_vllm_does(
+    sources: Sources, data: httpx.Client
+) -> None:
+    """vLLM's `/tokenize` resolves an unknown name (`_check_model`): 404 where no source holds
+    it, the adapter registered where one does."""
+    for path, body in (
+        ("/tokenize", {"prompt": PROMPT}),
+        ("/detokenize", {"tokens": [1, 2]}),
+        ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "hi"}]}),
+    ):
+        missing = data.post(path, json={**body, "model": "nowhere"})
+        assert missing.status_code == 404, (path, missing.text)
+        assert "nowhere" in missing.text
+    sources.moto.upload("adapters", "team1/tok-a1", A1)
+    base = data.post("/tokenize", json={"prompt": PROMPT}).json()
+    found = data.post("/tokenize", json={"model": "tok-a1", "prompt": PROMPT})
+    assert found.status_code == 200, found.text
+    assert found.json()["tokens"] == base["tokens"]
+    listed = data.get("/v1/models").json()["data"]
+    assert "tok-a1" in [m["id"] for m in listed]
+
+
 # ---- failures ----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("name", "path", "words"),

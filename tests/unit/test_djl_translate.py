@@ -363,12 +363,32 @@ def test_async_prefill_leaves_out_the_first_prompt_token() -> None:
     done = GenerationResult(request_id="r", model="", prompts=(prompt,),
                             choices=(choice(0, "a", (7,)),),
                             usage=Usage(prompt_tokens=2, completion_tokens=1))
-    details = responses.to_response(done, plan_of(body, legacy=False), ["<s>", "hi"])
-    legacy = responses.to_response(done, plan_of(body, legacy=True), ["<s>", "hi"])
+    details = responses.to_response(done, plan_of(body, legacy=False), [["<s>", "hi"]])
+    legacy = responses.to_response(done, plan_of(body, legacy=True), [["<s>", "hi"]])
     assert isinstance(details, dict) and isinstance(legacy, dict)
     assert details["details"]["prefill"] == [{"id": 9, "text": "hi", "logprob": -2.0}]
     assert legacy["details"]["prefill"] == [{"id": 1, "text": "<s>", "log_prob": None},
                                             {"id": 9, "text": "hi", "log_prob": -2.0}]
+
+
+def test_each_input_of_a_list_gets_its_own_prefill() -> None:
+    """LMI runs a list's inputs as separate requests, each with `decoder_input_details`."""
+    body = {"inputs": ["hi", "yo"],
+            "parameters": {"details": True, "decoder_input_details": True}}
+    plan = plan_of(body, legacy=False, models=("", ""))
+    assert [r.output.prompt_logprobs for r in plan.requests] == [0, 0]
+    prompts = tuple(
+        Started(prompt_token_ids=(1, tid), prompt_index=k,
+                prompt_logprobs=(None, TokenLogprob(token_id=tid, token="x", logprob=-1.0 - k)))
+        for k, tid in enumerate((9, 11))
+    )
+    done = GenerationResult(request_id="r", model="", prompts=prompts,
+                            choices=(choice(0, "a", (7,)), choice(1, "b", (8,))),
+                            usage=Usage(prompt_tokens=4, completion_tokens=2))
+    out = responses.to_response(done, plan, [["<s>", "hi"], ["<s>", "yo"]])
+    assert isinstance(out, list)
+    assert [o["details"]["prefill"] for o in out] == [
+        [{"id": 9, "text": "hi", "logprob": -1.0}], [{"id": 11, "text": "yo", "logprob": -2.0}]]
 
 
 def test_rolling_batch_schema_answers_lmis_legacy_details() -> None:
