@@ -115,7 +115,8 @@ def vllm_generate(ctx: ProtocolContext) -> Endpoint:
         body = parse_model(VllmGenerateRequest, data)
         request_id = request_id_header(request) or current_request_id()
         plan = translate.vllm_request(
-            body, request_id=request_id, bounds=ctx.bounds, defaults=service.defaults()
+            body, request_id=request_id, bounds=ctx.bounds, vocab_size=service.info().vocab_size,
+            defaults=service.defaults(),
         )
         if plan.request.stream:
             events = await service.start(plan.request)

@@ -3,7 +3,11 @@
 `InferRequest` is the body of `/infer` and `/infer_token` (the prompt, `inputs` or `input_id`, is
 checked by `translate.infer_prompt` on the raw body, with MindIE's own messages)
 and `VllmGenerateRequest` is the vLLM flavour of MindIE's `/generate` (a body with `prompt`).
-Unknown keys are ignored, as MindIE does.
+A key MindIE's handlers do not read (`SetupInferParams` of `single_req_self_develop_*` and
+`single_req_vllm_infer_interface.cpp`) is ignored, as MindIE ignores it: `/infer` reads only the
+`parameters` below, so TGI's `stop`, `truncate`, `top_n_tokens` or `decoder_input_details` have no
+effect there, nor vLLM's `logprobs`, `prompt_logprobs`, `logit_bias`, `allowed_token_ids`,
+`min_tokens` or `use_beam_search` on the vLLM flavour (docs/protocols.md, MindIE).
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 `/v1/tokenizer` bodies → `GenerationRequest`; results and events → MindIE's JSON shapes.
 
 Bounds and messages follow MindIE's `infer_param.cpp` and `single_req_*_infer_interface.cpp`.
+A key those handlers do not read is ignored, as MindIE ignores it (schema.py), and never reaches
+the engine: no logprobs of any kind are asked from it on these routes.
 Accepted but without effect here: `priority` (validated 1-5; a scheduling hint, and vLLM's
 default FCFS scheduler refuses per-request priorities). `watermark: true` and `typical_p` below
 1.0 are refused (vLLM has neither). `seed` is reported only when the client gave one (MindIE
@@ -48,6 +50,7 @@ MAX_TIMEOUT_S = 65535
 INFER_DEFAULT_MAX_NEW_TOKENS = 20
 VLLM_DEFAULT_MAX_TOKENS = 16  # vLLM's SamplingParams default, which its legacy /generate used
 MAX_N = 128
+MAX_TOTAL_STOP = 32 * 1024  # MindIE: the stop strings of one request, in all
 NO_DEFAULTS = SamplingDefaults()
 INFER_DEFAULTED = ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens")
 VLLM_DEFAULTED = ("temperature", "top_p", "top_k", "repetition_penalty", "presence_penalty",
@@ -193,18 +196,18 @@ def _check_sampling(
 ) -> None:
     """MindIE's bounds; the vLLM flavour (`greedy_ok`) also takes temperature 0, top_k -1 and
     top_p 1."""
+    # MindIE words the temperature and top_p bounds alike on both routes (`AssignTemperature`,
+    # `AssignTopP`), whichever end the route takes.
     lowest = 0.0 if greedy_ok else math.nextafter(0.0, 1.0)
     if temperature is not None and not lowest <= temperature <= MAX_FLOAT:
-        low = "[0.0" if greedy_ok else "(0.0"
         raise invalid(
-            f"Parameter temperature must be in {low},{MAX_FLOAT:g}], got {temperature}.",
+            f"Parameter temperature must be in (0.0,{MAX_FLOAT:g}], got {temperature}.",
             "temperature",
         )
     if top_k is not None and not (0 < top_k <= MAX_INT32 or (greedy_ok and top_k == -1)):
         raise invalid(f"Parameter top_k must be in -1 || (0,{MAX_INT32}], got {top_k}", "top_k")
     if top_p is not None and not (0.0 < top_p < 1.0 or (greedy_ok and top_p == 1.0)):
-        bounds = "(0.0,1.0]" if greedy_ok else "(0.0,1.0)"
-        raise invalid(f"Parameter top_p must be in {bounds}, got {top_p}.", "top_p")
+        raise invalid(f"Parameter top_p must be in (0.0,1.0], got {top_p}.", "top_p")
     if repetition_penalty is not None and not 0.0 < repetition_penalty <= MAX_FLOAT:
         raise invalid(
             f"Parameter 'repetition_penalty' must be in (0.0, {MAX_FLOAT:g}], got "
@@ -339,15 +342,15 @@ class VllmPlan:
 
 
 def vllm_request(
-    body: VllmGenerateRequest, *, request_id: str, bounds: RequestBounds,
+    body: VllmGenerateRequest, *, request_id: str, bounds: RequestBounds, vocab_size: int,
     defaults: SamplingDefaults = NO_DEFAULTS,
 ) -> VllmPlan:
     prompt_text = _vllm_prompt_text(body.prompt)
     _check_sampling(body.temperature, body.top_k, body.top_p, body.repetition_penalty,
                     greedy_ok=True)
     n = _check_counts(body, bounds)
+    _check_stop(body.stop, bounds)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    _check_stop(stop, bounds)
     sampling = Sampling(
         max_new_tokens=VLLM_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -359,7 +362,7 @@ def vllm_request(
         frequency_penalty=body.frequency_penalty or 0.0,
         n=n,
         stop=stop,
-        stop_token_ids=tuple(t for t in body.stop_token_ids or () if 0 <= t <= MAX_INT32),
+        stop_token_ids=_stop_token_ids(body.stop_token_ids or (), vocab_size),
         ignore_eos=bool(body.ignore_eos),
         include_stop_str_in_output=bool(body.include_stop_str_in_output),
         skip_special_tokens=body.skip_special_tokens is not False,
@@ -397,33 +400,68 @@ def _check_counts(body: VllmGenerateRequest, bounds: RequestBounds) -> int:
     limit = min(MAX_N, bounds.max_n)
     if not 1 <= n <= limit:
         raise invalid(f"Parameter [n] should be in [1, {limit}], got {n}. ", "n")
-    if body.best_of is not None and body.best_of != n:
-        if not n <= body.best_of <= min(MAX_N, bounds.max_best_of):
-            raise invalid("best_of must be greater than or equal to n", "best_of")
+    best_of = body.best_of
+    if best_of is not None and best_of != n:
+        best_of_limit = min(MAX_N, bounds.max_best_of)
+        if not 1 <= best_of <= best_of_limit:
+            raise invalid(
+                f"Parameter [best_of] should be in [1, {best_of_limit}], got {best_of}.", "best_of"
+            )
+        if best_of < n:
+            raise invalid(
+                f"best_of should greater than or equal to n, but best_of is {best_of}, n is {n}.",
+                "best_of",
+            )
         raise Unsupported("best_of greater than n is not supported by this server", param="best_of")
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(body, name)
-        if value is not None and not -2.0 <= value <= 2.0:
-            raise invalid(f"Parameter {name} must be in [-2.0, 2.0], got {value}.", name)
+    presence, frequency = body.presence_penalty, body.frequency_penalty
+    if presence is not None and not -2.0 <= presence <= 2.0:
+        raise invalid(
+            f"Parameter presence_penalty not in [-2.0, 2.0], but got {presence}.",
+            "presence_penalty",
+        )
+    if frequency is not None and not -2.0 <= frequency <= 2.0:
+        raise invalid(
+            f"Parameter frequency_penalty should be in [-2.0, 2.0], got {frequency}.",
+            "frequency_penalty",
+        )
     if body.seed is not None and body.seed > MAX_INT64:
         raise invalid(f"Parameter seed must be in [0, {MAX_INT64}], got {body.seed}.", "seed")
     return n
 
 
-def _check_stop(stop: tuple[str, ...], bounds: RequestBounds) -> None:
+def _check_stop(stop: str | list[str] | None, bounds: RequestBounds) -> None:
+    """MindIE's `AssignStopStrings` (its words for a string and for a list), within this
+    server's caps on the count and length of stop sequences."""
+    longest = bounds.max_stop_length
+    if isinstance(stop, str):
+        if not 1 <= len(stop) <= longest:
+            raise invalid(
+                f"Input validation error: length of `stop` must be in [1, {longest}], but got "
+                f"{len(stop)}",
+                "stop",
+            )
+        return
+    stop = stop or []
     if len(stop) > bounds.max_stop_sequences:
         raise invalid(
             f"Input validation error: `stop` supports up to {bounds.max_stop_sequences} stop "
             f"sequences. Given: {len(stop)}",
             "stop",
         )
-    for s in stop:
-        if not 1 <= len(s) <= bounds.max_stop_length:
-            raise invalid(
-                f"Input validation error: length of `stop` must be in [1, "
-                f"{bounds.max_stop_length}], but got {len(s)}",
-                "stop",
-            )
+    total = sum(len(s) for s in stop)
+    if total > MAX_TOTAL_STOP or not all(1 <= len(s) <= longest for s in stop):
+        raise invalid(
+            f"Input validation error: `stop` must be list[string] if list, and item length in "
+            f"[1, {longest}] with total <= {MAX_TOTAL_STOP}",
+            "stop",
+        )
+
+
+def _stop_token_ids(ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
+    """MindIE drops ids outside [0, INT32_MAX] and keeps each once (`AssignStopTokenIds`); an id
+    at or past the vocabulary can never be generated, so it stops nothing there either and is
+    dropped here too, where vLLM would refuse the request."""
+    return tuple(sorted({t for t in ids if 0 <= t < vocab_size}))
 
 
 def to_vllm_response(result: GenerationResult, plan: VllmPlan) -> dict[str, Any]:

@@ -244,7 +244,7 @@ VALIDATION = "Input Validation Error"
         ({"input_id": [1, 2_000_000]}, "Data element in param input_id is invalid"),
         ({"inputs": PROMPT, "stream": "yes"}, "stream"),
         ({"inputs": PROMPT, "parameters": {"temperature": 0}}, "Parameter temperature"),
-        ({"inputs": PROMPT, "parameters": {"top_p": 1.0}}, "Parameter top_p"),
+        ({"inputs": PROMPT, "parameters": {"top_p": 1.0}}, "top_p must be in (0.0,1.0], got 1.0"),
         ({"inputs": PROMPT, "parameters": {"top_k": 0}}, "Parameter top_k"),
         ({"inputs": PROMPT, "parameters": {"max_new_tokens": 0}}, "Parameter max_new_tokens"),
         ({"inputs": PROMPT, "parameters": {"max_new_tokens": 600}}, "maximum context length"),
@@ -277,11 +277,12 @@ def test_malformed_json_is_422(http: httpx.Client, path: str, content: bytes) ->
         ({"prompt": 5}, "prompt"),
         ({"prompt": PROMPT, "max_tokens": 0}, "Parameter max_tokens"),
         ({"prompt": PROMPT, "n": 0}, "Parameter [n]"),
-        ({"prompt": PROMPT, "temperature": -1}, "Parameter temperature"),
+        ({"prompt": PROMPT, "temperature": -1}, "Parameter temperature must be in (0.0,"),
         ({"prompt": PROMPT, "top_p": 1.5}, "Parameter top_p"),
         ({"prompt": PROMPT, "stop": ["x"] * 20}, "stop"),
+        ({"prompt": PROMPT, "stop": [""]}, "`stop` must be list[string] if list"),
         ({"prompt": PROMPT, "frequency_penalty": 3}, "frequency_penalty"),
-        ({"prompt": PROMPT, "best_of": 1, "n": 2}, "best_of"),
+        ({"prompt": PROMPT, "best_of": 1, "n": 2}, "best_of should greater than or equal to n"),
         ({"prompt": PROMPT, "stop_token_ids": "2"}, "stop_token_ids"),
     ],
 )
@@ -289,6 +290,56 @@ def test_generate_vllm_flavour_bad_input_is_422(
     http: httpx.Client, body: dict[str, Any], fragment: str
 ) -> None:
     assert fragment in assert_mindie_error(http.post("/generate", json=body), 422, VALIDATION)
+
+
+# Keys MindIE's handlers do not read (single_req_self_develop_infer_interface.cpp and
+# single_req_vllm_infer_interface.cpp, `SetupInferParams`): ignored, as MindIE ignores them.
+@pytest.mark.parametrize(
+    "ignored",
+    [
+        {"stop": [""]},
+        {"stop_token_ids": [10**9]},
+        {"truncate": 0},
+        {"top_n_tokens": 1000},
+        {"decoder_input_details": True},
+    ],
+)
+def test_infer_ignores_what_mindie_does_not_read(
+    http: httpx.Client, ignored: dict[str, Any]
+) -> None:
+    parameters = {"max_new_tokens": 3, "details": True}
+    baseline = post(http, "/infer", {"inputs": PROMPT, "parameters": parameters})
+    out = post(http, "/infer", {"inputs": PROMPT, "parameters": {**parameters, **ignored}})
+    assert out == baseline
+
+
+@pytest.mark.parametrize(
+    "ignored",
+    [
+        {"prompt_logprobs": 1, "model": "a1"},  # never asked: it would kill the CPU LoRA engine
+        {"logprobs": 1000},
+        {"logit_bias": {"5": 100}},
+        {"allowed_token_ids": [10**9]},
+        {"min_tokens": 10},
+        {"use_beam_search": True},
+    ],
+)
+def test_generate_vllm_flavour_ignores_what_mindie_does_not_read(
+    http: httpx.Client, ignored: dict[str, Any]
+) -> None:
+    body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "model": ignored.get("model")}
+    baseline = post(http, "/generate", body)
+    assert post(http, "/generate", {**body, **ignored}) == baseline
+
+
+def test_generate_vllm_flavour_stop_token_ids_past_the_vocabulary_stop_nothing(
+    http: httpx.Client,
+) -> None:
+    """MindIE applies any id in [0, INT32_MAX] and drops the others; vLLM refuses ids past the
+    vocabulary (was a 422 here), which can never be generated, so they are dropped too."""
+    body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0}
+    out = post(http, "/generate", {**body, "stop_token_ids": [-1, 10**9, 2**40]})
+    assert out == post(http, "/generate", body)
 
 
 def test_generate_vllm_flavour_unknown_model_is_404(http: httpx.Client) -> None:
@@ -313,5 +364,6 @@ def test_tokenizer_bad_input_is_422(
 def test_the_engine_keeps_serving_after_bad_input(http: httpx.Client) -> None:
     http.post("/infer", json={"inputs": PROMPT, "input_id": [1]})
     http.post("/generate", json={"prompt": PROMPT, "n": 10_000})
+    http.post("/generate", json={"prompt": PROMPT, "prompt_logprobs": 1, "model": "a1"})
     http.post("/infer", content=b"{")
     assert post(http, "/infer", {"inputs": PROMPT, "parameters": {"max_new_tokens": 2}})

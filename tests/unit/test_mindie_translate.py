@@ -26,6 +26,7 @@ from server.core.types import (
     Delta,
     FinishReason,
     GenerationResult,
+    OutputOptions,
     SamplingDefaults,
     Started,
     TextPrompt,
@@ -106,7 +107,7 @@ def test_multimodal_media_is_unsupported() -> None:
     [
         ({"temperature": 0}, "Parameter temperature must be in (0.0,"),
         ({"top_k": 0}, "Parameter top_k must be in"),
-        ({"top_p": 1.0}, "Parameter top_p must be in (0.0,1.0), got 1.0."),
+        ({"top_p": 1.0}, "Parameter top_p must be in (0.0,1.0], got 1.0."),  # MindIE's words
         ({"typical_p": 0}, "Parameter typical_p must be in (0.0,1.0]"),
         ({"repetition_penalty": 0}, "Parameter 'repetition_penalty' must be in (0.0,"),
         ({"priority": 6}, "Parameter priority must be in [1,5], got 6."),
@@ -119,6 +120,26 @@ def test_out_of_range_parameters_get_mindie_messages(
     parameters: dict[str, Any], message: str
 ) -> None:
     assert infer_rejection(**parameters).message.startswith(message)
+
+
+# Keys `SingleReqSelfDevelopInferInterface::SetupInferParams` does not read: MindIE ignores them.
+INFER_IGNORED = [
+    {"stop": [""]},
+    {"stop_token_ids": [10**9]},
+    {"truncate": 0},
+    {"top_n_tokens": 1000},
+    {"decoder_input_details": True},
+]
+
+
+@pytest.mark.parametrize("ignored", INFER_IGNORED)
+def test_infer_ignores_what_mindie_does_not_read(ignored: dict[str, Any]) -> None:
+    baseline = infer_plan(max_new_tokens=3, details=True)
+    assert infer_plan(max_new_tokens=3, details=True, **ignored) == baseline
+    top_level = InferRequest.model_validate({"parameters": {"max_new_tokens": 3}, **ignored})
+    plan = translate.infer_request(top_level, TextPrompt("hi"), request_id="r1")
+    assert plan == infer_plan(max_new_tokens=3)
+    assert plan.request.output == OutputOptions()
 
 
 def test_watermark_is_reported_unsupported() -> None:
@@ -246,11 +267,19 @@ def test_infer_stream_end_without_a_token_repeats_the_last_id() -> None:
 # ---- /generate, vLLM flavour ---------------------------------------------------------------------
 
 
+VOCAB = 908
+STOP_LIST = (
+    "Input validation error: `stop` must be list[string] if list, and item length in [1, 1024] "
+    "with total <= 32768"
+)
+
+
 def vllm_plan(defaults: SamplingDefaults | None = None, **body: Any) -> translate.VllmPlan:
     return translate.vllm_request(
         VllmGenerateRequest.model_validate({"prompt": "Hello", **body}),
         request_id="r",
         bounds=RequestBounds(),
+        vocab_size=VOCAB,
         defaults=defaults or SamplingDefaults(),
     )
 
@@ -289,17 +318,59 @@ def test_vllm_flavour_takes_the_model_defaults_for_what_it_leaves_out() -> None:
     [
         ({"max_tokens": 0}, "Parameter max_tokens must be (0,"),
         ({"n": 0}, "Parameter [n] should be in [1, 16], got 0."),
-        ({"temperature": -1}, "Parameter temperature must be in [0.0,"),
+        ({"temperature": -1}, "Parameter temperature must be in (0.0,3.40282e+38], got -1"),
+        ({"top_k": -2}, "Parameter top_k must be in -1 || (0,2147483647], got -2"),
         ({"top_p": 0}, "Parameter top_p must be in (0.0,1.0]"),
-        ({"presence_penalty": 3}, "Parameter presence_penalty must be in [-2.0, 2.0]"),
-        ({"stop": [""]}, "Input validation error: length of `stop` must be in [1, 1024]"),
-        ({"best_of": 1, "n": 2}, "best_of must be greater than or equal to n"),
+        ({"presence_penalty": 3}, "Parameter presence_penalty not in [-2.0, 2.0], but got 3"),
+        ({"frequency_penalty": -3}, "Parameter frequency_penalty should be in [-2.0, 2.0], got -3"),
+        ({"stop": [""]}, STOP_LIST),
+        ({"stop": ["x" * 1025]}, STOP_LIST),
+        ({"stop": ""}, "Input validation error: length of `stop` must be in [1, 1024], but got 0"),
+        ({"stop": ["x"] * 17}, "Input validation error: `stop` supports up to 16 stop sequences"),
+        ({"best_of": 1, "n": 2}, "best_of should greater than or equal to n, but best_of is 1"),
+        ({"best_of": 0}, "Parameter [best_of] should be in [1, 16], got 0."),
     ],
 )
 def test_vllm_flavour_bounds(body: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
         vllm_plan(**body)
     assert caught.value.message.startswith(message)
+
+
+# Keys `SingleReqVllmInferInterface::SetupInferParams` does not read: MindIE ignores them, so
+# none reaches the engine (prompt logprobs with LoRA would kill the CPU engine).
+VLLM_IGNORED = [
+    {"prompt_logprobs": 1},
+    {"logprobs": 1000},
+    {"logit_bias": {"5": 100}},
+    {"allowed_token_ids": [10**9]},
+    {"min_tokens": 10, "max_tokens": 3},
+    {"use_beam_search": True},
+]
+
+
+@pytest.mark.parametrize("ignored", VLLM_IGNORED)
+def test_vllm_flavour_ignores_what_mindie_does_not_read(ignored: dict[str, Any]) -> None:
+    plan = vllm_plan(model="a1", **{"max_tokens": 3, **ignored})
+    assert plan == vllm_plan(model="a1", max_tokens=3)
+    assert plan.request.output == OutputOptions()
+    assert plan.request.sampling.min_new_tokens == 0
+    assert (plan.request.sampling.logit_bias, plan.request.sampling.allowed_token_ids) == ((), None)
+
+
+def test_vllm_flavour_stop_token_ids_keep_only_ids_that_can_stop() -> None:
+    ids = [5, -1, 5, VOCAB - 1, VOCAB, 2**31 - 1, 2**40, 3]
+    assert vllm_plan(stop_token_ids=ids).request.sampling.stop_token_ids == (3, 5, VOCAB - 1)
+    assert vllm_plan(stop_token_ids=[10**9]).request.sampling.stop_token_ids == ()
+
+
+def test_vllm_flavour_stop_strings_total_at_most_32k_as_mindie() -> None:
+    body = VllmGenerateRequest.model_validate({"prompt": "Hello", "stop": ["x" * 1024] * 33})
+    with pytest.raises(InvalidRequest) as caught:
+        translate.vllm_request(
+            body, request_id="r", bounds=RequestBounds(max_stop_sequences=64), vocab_size=VOCAB
+        )
+    assert caught.value.message == STOP_LIST
 
 
 def test_vllm_flavour_best_of_above_n_is_unsupported() -> None:

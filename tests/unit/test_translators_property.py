@@ -295,7 +295,7 @@ def mindie_infer(data: Any) -> list[GenerationRequest]:
 
 def mindie_vllm(data: Any) -> list[GenerationRequest]:
     body = parse_model(mindie_schema.VllmGenerateRequest, data)
-    return [mindie.vllm_request(body, request_id="r", bounds=BOUNDS).request]
+    return [mindie.vllm_request(body, request_id="r", bounds=BOUNDS, vocab_size=VOCAB).request]
 
 
 MINDIE_PARAMETERS = {
