@@ -350,6 +350,7 @@ def vllm_request(
                     greedy_ok=True)
     n = _check_counts(body, bounds)
     _check_stop(body.stop, bounds)
+    _check_sampled_counts(body)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     sampling = Sampling(
         max_new_tokens=VLLM_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens,
@@ -427,6 +428,18 @@ def _check_counts(body: VllmGenerateRequest, bounds: RequestBounds) -> int:
     if body.seed is not None and body.seed > MAX_INT64:
         raise invalid(f"Parameter seed must be in [0, {MAX_INT64}], got {body.seed}.", "seed")
     return n
+
+
+def _check_sampled_counts(body: VllmGenerateRequest) -> None:
+    """MindIE's `SetReturnSeqCount`: several sequences only when sampling, i.e. with a
+    temperature above 0 given (the model's default temperature does not count)."""
+    count = max(body.n or 1, body.best_of or 1)
+    if count > 1 and not body.temperature:
+        raise invalid(
+            "Best_of/N can not greater than 1 when temperature is 0 or not set, but best_of is "
+            f"{body.best_of}, n is {body.n}.",
+            "n" if body.best_of is None else "best_of",
+        )
 
 
 def _check_stop(stop: str | list[str] | None, bounds: RequestBounds) -> None:

@@ -209,7 +209,8 @@ def test_generate_vllm_flavour_streams_nul_terminated_chunks(http: httpx.Client)
 
 
 def test_generate_vllm_flavour_runs_n_choices_and_adapters(http: httpx.Client) -> None:
-    out = post(http, "/generate", {"prompt": PROMPT, "max_tokens": 3, "n": 2, "seed": 3})
+    body = {"prompt": PROMPT, "max_tokens": 3, "n": 2, "seed": 3, "temperature": 1.0}
+    out = post(http, "/generate", body)
     assert len(out["text"]) == 2 and all(t.startswith(PROMPT + " ") for t in out["text"])
     lora = post(
         http, "/generate", {"prompt": PROMPT, "max_tokens": 5, "temperature": 0, "model": "a1"}
@@ -283,6 +284,7 @@ def test_malformed_json_is_422(http: httpx.Client, path: str, content: bytes) ->
         ({"prompt": PROMPT, "stop": [""]}, "`stop` must be list[string] if list"),
         ({"prompt": PROMPT, "frequency_penalty": 3}, "frequency_penalty"),
         ({"prompt": PROMPT, "best_of": 1, "n": 2}, "best_of should greater than or equal to n"),
+        ({"prompt": PROMPT, "n": 2}, "Best_of/N can not greater than 1 when temperature is 0"),
         ({"prompt": PROMPT, "stop_token_ids": "2"}, "stop_token_ids"),
     ],
 )

@@ -268,6 +268,7 @@ def test_infer_stream_end_without_a_token_repeats_the_last_id() -> None:
 
 
 VOCAB = 908
+SAMPLED_ONLY = "Best_of/N can not greater than 1 when temperature is 0 or not set, but"
 STOP_LIST = (
     "Input validation error: `stop` must be list[string] if list, and item length in [1, 1024] "
     "with total <= 32768"
@@ -285,11 +286,11 @@ def vllm_plan(defaults: SamplingDefaults | None = None, **body: Any) -> translat
 
 
 def test_vllm_flavour_reads_sampling_fields_at_the_top_level() -> None:
-    plan = vllm_plan(max_tokens=5, temperature=0, top_k=-1, top_p=1.0, n=2, stop="x", model="a1")
+    plan = vllm_plan(max_tokens=5, temperature=0.5, top_k=-1, top_p=1.0, n=2, stop="x", model="a1")
     s = plan.request.sampling
     assert (s.max_new_tokens, s.temperature, s.top_k, s.top_p, s.n, s.stop) == (
         5,
-        0,
+        0.5,
         0,
         1.0,
         2,
@@ -329,6 +330,8 @@ def test_vllm_flavour_takes_the_model_defaults_for_what_it_leaves_out() -> None:
         ({"stop": ["x"] * 17}, "Input validation error: `stop` supports up to 16 stop sequences"),
         ({"best_of": 1, "n": 2}, "best_of should greater than or equal to n, but best_of is 1"),
         ({"best_of": 0}, "Parameter [best_of] should be in [1, 16], got 0."),
+        ({"n": 2}, f"{SAMPLED_ONLY} best_of is None, n is 2."),
+        ({"n": 2, "best_of": 2, "temperature": 0}, f"{SAMPLED_ONLY} best_of is 2, n is 2."),
     ],
 )
 def test_vllm_flavour_bounds(body: dict[str, Any], message: str) -> None:
