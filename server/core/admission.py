@@ -58,10 +58,11 @@ above holds under any load. Within the active set LoRAX takes the oldest head
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -241,8 +242,9 @@ class Admission:
         ]:
             del self._slots[key]
 
-    def _may_start(self, key: str, now: float) -> bool:
-        """Whether a request on `key` may take slots now as far as adapter slots go."""
+    def _may_start(self, key: str, now: float, overdue: bool | None = None) -> bool:
+        """Whether a request on `key` may take slots now as far as adapter slots go.
+        `overdue`: `_overdue(now)` if the caller has it (asked of every waiting key)."""
         if not self._limits.adapter_slots or key == BASE:
             return True
         slot = self._slots.get(key)
@@ -252,7 +254,9 @@ class Admission:
             return True
         # the engine holds it already: admitting it takes no cached place from anyone, unless
         # an adapter waited a cycle for a slot (then the slots must drain to it)
-        return self._resident(key) and not self._overdue(now)
+        if not self._resident(key):
+            return False
+        return not (self._overdue(now) if overdue is None else overdue)
 
     def _slotless(self) -> Iterator[str]:
         """Adapter keys with waiters and no slot, in turn order."""
@@ -269,24 +273,25 @@ class Admission:
         """The adapter had its cycle and another adapter waits for a slot."""
         return now - slot.since >= self._limits.cycle_s and any(True for _ in self._slotless())
 
-    def _waiting_adapters(self, now: float) -> list[str]:
-        """Adapter keys with waiters and no slot, in the order they take a free slot: those
-        whose oldest request waited a cycle, oldest first; then the most requests waiting first
-        (one load serves them all, one slot runs them together), in turn order among equals."""
-        waiting = list(self._slotless())
-        overdue = sorted(
-            (k for k in waiting if self._waited_a_cycle(k, now)),
-            key=lambda k: self._queues[k][0].since,
-        )
-        due = set(overdue)
-        rest = sorted((k for k in waiting if k not in due), key=lambda k: -len(self._queues[k]))
-        return overdue + rest
+    def _waiting_adapters(self, now: float, count: int) -> list[str]:
+        """The first `count` adapter keys with waiters and no slot, in the order they take a
+        free slot: those whose oldest request waited a cycle, oldest first; then the most
+        requests waiting first (one load serves them all, one slot runs them together), in
+        turn order among equals (`nsmallest` is a stable sort's first `count`)."""
+        cycle_s = self._limits.cycle_s
+
+        def rank(key: str) -> tuple[int, float]:
+            queue = self._queues[key]
+            since = queue[0].since
+            return (0, since) if now - since >= cycle_s else (1, -len(queue))
+
+        return heapq.nsmallest(count, self._slotless(), key=rank)
 
     def _prefetch_next(self, now: float) -> None:
         """Ask for the next waiting adapters to be loaded ahead of their turn (once each)."""
         if self._prefetch is None:
             return
-        for key in self._waiting_adapters(now)[: self._limits.prefetch]:
+        for key in self._waiting_adapters(now, self._limits.prefetch):
             if key not in self._prefetched:
                 self._prefetched.add(key)
                 task = asyncio.get_running_loop().create_task(self._load_ahead(self._prefetch, key))
@@ -303,12 +308,19 @@ class Admission:
             self._watcher.queue_changed(key, sum(w.count for w in queue) if queue else 0)
 
     def _next_key(self, now: float) -> str | None:
-        keys = [k for k in self._queues if self._may_start(k, now)]
-        if not keys:
+        overdue = bool(self._limits.adapter_slots) and self._overdue(now)
+        keys: Iterable[str] = self._queues
+        if overdue and not self._slot_free():  # only the base model and slot holders may start
+            keys = (k for k in keys if k == BASE or k in self._slots)
+        keys = (k for k in keys if self._may_start(k, now, overdue))
+        key = (
+            next(keys, None) if self._limits.fair
+            else min(keys, key=lambda k: self._queues[k][0].order, default=None)
+        )
+        if key is None:
             return None
-        key = keys[0] if self._limits.fair else min(keys, key=lambda k: self._queues[k][0].order)
         if key != BASE and key not in self._slots and self._slot_free():
-            return self._waiting_adapters(now)[0]  # which adapter takes the free slot
+            return self._waiting_adapters(now, 1)[0]  # which adapter takes the free slot
         return key  # without a free slot, an adapter the engine holds passes (`_may_start`)
 
     def _slot_free(self) -> bool:
