@@ -113,7 +113,7 @@ def chat_response(result: GenerationResult, view: ChatView) -> JSON:
             _chat_choice(choice, view, result.prompt.prompt_token_ids) for choice in result.choices
         ],
         "service_tier": None,
-        "system_fingerprint": None,
+        "system_fingerprint": view.meta.fingerprint,
         "usage": usage_dict(result.usage),
         "prompt_logprobs": prompt_logprobs_json(result.prompt) if view.prompt_logprobs else None,
         "prompt_token_ids": prompt_ids,

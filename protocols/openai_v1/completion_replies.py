@@ -183,7 +183,7 @@ def completion_response(result: GenerationResult, view: CompletionView) -> JSON:
         "model": view.meta.model,
         "choices": [_completion_choice(choice, view, echo) for choice in result.choices],
         "service_tier": None,
-        "system_fingerprint": None,
+        "system_fingerprint": view.meta.fingerprint,
         "usage": usage_dict(result.usage),
         "kv_transfer_params": None,
     }

@@ -29,6 +29,7 @@ class ReplyMeta:
     id: str
     created: int
     model: str
+    fingerprint: str | None = None  # `system_fingerprint` of a whole answer (vLLM: null)
 
 
 @quick_init

@@ -153,7 +153,7 @@ def chat_completions(ctx: ProtocolContext, *, sagemaker: bool = False) -> Endpoi
             defaults=info.defaults, parse=info.reasoning_parser is not None,
         )
         view = chat_replies.ChatView.of(
-            body, _meta(service, "chatcmpl", gen), tools=plan, parser=_parser(service, gen),
+            body, _meta(ctx, "chatcmpl", gen), tools=plan, parser=_parser(service, gen),
             parsed=gen.parse is not None,
         )
         if gen.stream:
@@ -176,7 +176,7 @@ def completions(ctx: ProtocolContext, *, sagemaker: bool = False) -> Endpoint:
         )
         prompts = [g.prompt for g in gens] if body.echo else []
         view = completion_replies.CompletionView.of(
-            body, _meta(service, "cmpl", gens[0]), prompts=prompts,
+            body, _meta(ctx, "cmpl", gens[0]), prompts=prompts,
             token_texts=service.token_texts,
         )
         if body.stream:
@@ -500,11 +500,19 @@ def _request_id(
     return request_id_header(request) or body.request_id or current_request_id()
 
 
-def _meta(service: InferenceService, prefix: str, gen: GenerationRequest) -> replies.ReplyMeta:
+def _meta(ctx: ProtocolContext, prefix: str, gen: GenerationRequest) -> replies.ReplyMeta:
+    service = ctx.service
     model = response_model(gen.model, service.base_names, service.served_name)
+    # TGI's own client (text_generation.Client.chat) names the model "tgi" and requires TGI's
+    # fingerprint, "<version>-<docker label or native>" (router/src/server.rs); vLLM's is null
+    fingerprint = f"{ctx.server_version}-native" if gen.model == TGI_CLIENT_MODEL else None
     return replies.ReplyMeta(
-        id=f"{prefix}-{gen.request_id}", created=int(time.time()), model=model
+        id=f"{prefix}-{gen.request_id}", created=int(time.time()), model=model,
+        fingerprint=fingerprint,
     )
+
+
+TGI_CLIENT_MODEL = "tgi"
 
 
 def _base_names(service: InferenceService) -> list[str]:

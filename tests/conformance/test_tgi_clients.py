@@ -14,6 +14,7 @@ from huggingface_hub import InferenceClient
 from huggingface_hub.errors import ValidationError as HubValidationError
 from text_generation import Client
 from text_generation.errors import ValidationError as TgiValidationError
+from text_generation.types import Message
 
 from tests.serverproc import RunningServer
 
@@ -123,6 +124,16 @@ def test_text_generation_client_generate_and_stream_agree(tgi: Client) -> None:
     assert "".join(t.token.text for t in tokens) == response.generated_text
     assert tokens[-1].details is not None
     assert tokens[-1].details.finish_reason == response.details.finish_reason
+
+
+def test_text_generation_client_chat_parses_the_reply(tgi: Client, http: httpx.Client) -> None:
+    """The client sends model "tgi" and types `system_fingerprint` a string (TGI's router
+    fills it); other clients get vLLM's null."""
+    reply = tgi.chat([Message(role="user", content=PROMPT)], max_tokens=4, temperature=0)
+    assert reply.choices[0].message.content is not None and reply.usage["completion_tokens"] <= 4
+    assert reply.system_fingerprint.endswith("-native")
+    body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1}
+    assert http.post("/v1/chat/completions", json=body).json()["system_fingerprint"] is None
 
 
 def test_max_new_tokens_is_checked_as_tgis_router_does(
