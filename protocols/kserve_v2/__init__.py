@@ -18,7 +18,8 @@ SPEC = ProtocolSpec(
     routes=routes.routes,
     live_paths=frozenset({"/v2/health/live"}),
     paths=frozenset({
-        "/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/stats", "/v2/models/{model:path}",
+        "/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/stats", "/v2/repository/index",
+        "/v2/models/{model:path}",
     }),
     grpc=_grpc,
 )

@@ -30,6 +30,7 @@ from protocols.kserve_v2.models import (
     ModelRef,
     model_config,
     model_metadata,
+    repository_index,
     resolve_model,
     server_metadata,
 )
@@ -121,16 +122,13 @@ class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
         )
 
     async def RepositoryIndex(self, request: Any, context: Context) -> Any:
-        state = "READY" if self.service.lifecycle.accepting else "UNAVAILABLE"
-        models = [
-            service_pb2.RepositoryIndexResponse.ModelIndex(
-                name=name, version=MODEL_VERSION, state=state
-            )
-            for name in self._model_names()
-        ]
-        if request.ready:
-            models = [m for m in models if m.state == "READY"]
-        return service_pb2.RepositoryIndexResponse(models=models)
+        index = repository_index(
+            self._model_names(), accepting=self.service.lifecycle.accepting,
+            ready_only=request.ready,
+        )
+        return service_pb2.RepositoryIndexResponse(
+            models=[service_pb2.RepositoryIndexResponse.ModelIndex(**entry) for entry in index]
+        )
 
     # ---- inference -------------------------------------------------------------------------
     async def ModelInfer(self, request: Any, context: Context) -> Any:

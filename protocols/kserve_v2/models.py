@@ -8,7 +8,7 @@ The backend's optional `image` input is not advertised: the served models are te
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,18 @@ def resolve_model(
     if version and int(version) != int(MODEL_VERSION):
         raise ModelNotFound(f"Request for unknown model: '{name}' version {version} is not found")
     return ModelRef(name, None if name in base_names else name)
+
+
+def repository_index(
+    names: Sequence[str], *, accepting: bool, ready_only: bool = False
+) -> list[dict[str, str]]:
+    """Triton's repository index (HTTP `POST /v2/repository/index`, gRPC `RepositoryIndex`):
+    every served model at version "1", READY while the server takes requests, else
+    UNAVAILABLE; `ready_only` (the request's `ready`) lists only the READY ones."""
+    if ready_only and not accepting:
+        return []
+    state = "READY" if accepting else "UNAVAILABLE"
+    return [{"name": name, "version": MODEL_VERSION, "state": state} for name in names]
 
 
 def server_metadata(version: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from protocols.kserve_v2.models import (
     ModelRef,
     model_config,
     model_metadata,
+    repository_index,
     resolve_model,
     server_metadata,
 )
@@ -45,7 +46,7 @@ from protocols.kserve_v2.translate import (
     token_outputs,
 )
 from server.core.collect import collect, fold
-from server.core.errors import GatewayError
+from server.core.errors import GatewayError, InvalidRequest
 from server.core.types import Delta, GenerationEvent, GenerationRequest, GenerationResult
 from server.http import jsonio
 from server.http.body import (
@@ -100,8 +101,24 @@ class KserveApi:
         return json_response(await self.stats.to_json([self.model(request).name], MODEL_VERSION))
 
     async def all_stats(self, request: Request) -> Answer:
-        names = [self.service.served_name, *self.service.adapters.names()]
-        return json_response(await self.stats.to_json(names, MODEL_VERSION))
+        return json_response(await self.stats.to_json(self._model_names(), MODEL_VERSION))
+
+    async def repository_index(self, request: Request) -> Answer:
+        """Triton's body is optional: `{"ready": true}` lists only the ready models."""
+        raw = await read_body(request, self.ctx.max_body_bytes)
+        data = decode_json(raw) if raw.strip() else {}
+        if not isinstance(data, dict):
+            raise InvalidRequest("The request body must be a JSON object")
+        ready = data.get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidRequest("Unable to parse 'ready': expected a boolean", param="ready")
+        index = repository_index(
+            self._model_names(), accepting=self.service.lifecycle.accepting, ready_only=ready
+        )
+        return json_response(index)
+
+    def _model_names(self) -> list[str]:
+        return [self.service.served_name, *self.service.adapters.names()]
 
     async def slot_count(self, request: Request) -> Answer:
         """MindIE: slots are engine sequences; busy = admitted requests or engine sequences."""
@@ -295,6 +312,8 @@ def routes(ctx: ProtocolContext) -> list[Route]:
     out.get("/v2/health/ready", api.ready, access=health, overrides=control,
             doc=Doc(summary="Readiness (open)"))
     out.get("/v2/models/stats", api.all_stats, doc=Doc(summary="Statistics of every model"))
+    out.post("/v2/repository/index", api.repository_index,
+             doc=Doc(summary="Model repository index (every served model)"))
     model_routes: list[tuple[str, str, Endpoint, Doc, Access]] = [
         ("GET", "", api.metadata, Doc(summary="Model metadata"), Access.DATA),
         ("GET", "/ready", api.model_ready, Doc(summary="Model readiness (open)"), health),

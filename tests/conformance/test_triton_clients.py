@@ -122,6 +122,20 @@ def test_server_metadata_advertises_implemented_extensions(
     assert "cuda_shared_memory" not in metadata["extensions"]
 
 
+def test_repository_index_over_http_lists_every_model(
+    client: triton.InferenceServerClient, http: httpx.Client
+) -> None:
+    """tritonclient's `get_model_repository_index` (POST /v2/repository/index, no body) and
+    Triton's optional `{"ready": true}`; a body that is not an object is Triton's 400."""
+    index = client.get_model_repository_index()
+    assert {"tiny", "a1", "a2"} <= {m["name"] for m in index}
+    assert all(m["state"] == "READY" and m["version"] == "1" for m in index)
+    assert http.post("/v2/repository/index", json={"ready": True}).json() == index
+    for bad in ([1], {"ready": "yes"}):
+        refused = http.post("/v2/repository/index", json=bad)
+        assert refused.status_code == 400 and "error" in refused.json(), refused.text
+
+
 def test_model_metadata_and_config(client: triton.InferenceServerClient) -> None:
     metadata = client.get_model_metadata("a1", model_version="1")
     assert (metadata["name"], metadata["versions"], metadata["platform"]) == ("a1", ["1"], "vllm")
