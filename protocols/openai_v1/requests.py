@@ -345,7 +345,7 @@ def _chat_logprobs(body: schema.ChatCompletionRequest, bounds: RequestBounds) ->
         )
     if not body.logprobs:
         return None
-    return _bounded_logprobs(top, bounds, "top_logprobs")
+    return bounded_logprobs(top, bounds, "top_logprobs")
 
 
 def _completion_logprobs(body: schema.CompletionRequest, bounds: RequestBounds) -> int | None:
@@ -353,10 +353,10 @@ def _completion_logprobs(body: schema.CompletionRequest, bounds: RequestBounds) 
         return None
     if body.logprobs < -1:
         raise InvalidRequest("`logprobs` must be a positive value or -1.", param="logprobs")
-    return _bounded_logprobs(body.logprobs, bounds, "logprobs")
+    return bounded_logprobs(body.logprobs, bounds, "logprobs")
 
 
-def _bounded_logprobs(requested: int, bounds: RequestBounds, param: str) -> int:
+def bounded_logprobs(requested: int, bounds: RequestBounds, param: str) -> int:
     if requested == -1 or requested > bounds.max_logprobs:
         raise InvalidRequest(
             f"Requested sample logprobs of {requested}, which is greater than max allowed: "

@@ -26,8 +26,10 @@ from protocols.common.chat import response_model, template_kwargs, with_effort
 from protocols.common.tools import ChoiceReader, Function, Mode, ToolPlan, check_parameters
 from protocols.common.unserved import refuse_unserved
 from protocols.openai_v1 import schema, unserved
+from protocols.openai_v1.chat_replies import chat_logprob
 from protocols.openai_v1.errors import ResponseNotFound, status_and_type
-from protocols.openai_v1.requests import TEXT_PART_TYPES
+from protocols.openai_v1.replies import clamp_logprob
+from protocols.openai_v1.requests import TEXT_PART_TYPES, bounded_logprobs, logit_bias
 from protocols.openai_v1.structured import vllm_structured
 from server.core.engine import OutputParser
 from server.core.errors import GatewayError, InvalidRequest, Unsupported
@@ -40,11 +42,13 @@ from server.core.types import (
     GenerationEvent,
     GenerationRequest,
     GenerationResult,
+    OutputOptions,
     ParsedOutput,
     Sampling,
     SamplingDefaults,
     Started,
     StructuredOutput,
+    TokenLogprob,
     ToolCall,
     ToolCallPiece,
     Usage,
@@ -164,6 +168,7 @@ def responses_call(
         model=body.model or "",
         prompt=prompt,
         sampling=_sampling(body, plan, facts),
+        output=OutputOptions(logprobs=_output_logprobs(body, facts.bounds)),
         stream=bool(body.stream),
         protocol="openai",
         priority=body.priority,
@@ -180,6 +185,17 @@ def responses_call(
         tool_choice=choice_echo,
         text=body.text.model_dump(by_alias=True) if body.text is not None else None,
     )
+
+
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
+
+
+def _output_logprobs(body: schema.ResponsesRequest, bounds: RequestBounds) -> int | None:
+    """`include` asks for the output text's logprobs, with `top_logprobs` alternatives each
+    (vLLM's `is_include_output_logprobs`); None: not asked."""
+    if OUTPUT_LOGPROBS not in (body.include or ()):
+        return None
+    return bounded_logprobs(body.top_logprobs or 0, bounds, "top_logprobs")
 
 
 def _check_unsupported(body: schema.ResponsesRequest) -> None:
@@ -212,6 +228,11 @@ def _sampling(body: schema.ResponsesRequest, plan: ToolPlan, facts: ServerFacts)
         frequency_penalty=_first(body.frequency_penalty, d.frequency_penalty, 0.0),
         seed=body.seed,
         stop=stop_strings(body.stop, facts.bounds),
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        ignore_eos=body.ignore_eos,
+        include_stop_str_in_output=body.include_stop_str_in_output,
+        skip_special_tokens=body.skip_special_tokens,
+        logit_bias=logit_bias(body.logit_bias),
         structured=plan.structured() if plan.forced else _constraint(body),
         budget=VLLM_CUTS,
     )
@@ -469,7 +490,7 @@ def response_object(
         "service_tier": body.service_tier or "auto",
         "status": status,
         "text": call.text,
-        "top_logprobs": None,
+        "top_logprobs": call.request.output.logprobs,
         "truncation": body.truncation or "disabled",
         "usage": usage(used),
         "user": body.user,
@@ -490,8 +511,10 @@ def _tool_echo(function: Function) -> JSON:
     }
 
 
-def message_item(item_id: str, text: str, status: str = "completed") -> JSON:
-    content = [_text_part(text)] if status == "completed" else []
+def message_item(
+    item_id: str, text: str, status: str = "completed", logprobs: list[JSON] | None = None
+) -> JSON:
+    content = [_text_part(text, logprobs)] if status == "completed" else []
     return {
         "id": item_id, "content": content, "role": "assistant", "status": status,
         "type": "message", "phase": None,
@@ -517,13 +540,14 @@ def reasoning_item(item_id: str, text: str | None) -> JSON:
     }
 
 
-def output_items(parsed: ParsedOutput) -> list[JSON]:
-    """A whole answer's items: reasoning, then the message (when it has text), then calls."""
+def output_items(parsed: ParsedOutput, logprobs: list[JSON] | None = None) -> list[JSON]:
+    """A whole answer's items: reasoning, then the message (when it has text, with the whole
+    choice's `logprobs`, as vLLM), then calls."""
     items = []
     if parsed.reasoning:
         items.append(reasoning_item(f"rs_{_hex()}", parsed.reasoning))
     if parsed.content:
-        items.append(message_item(f"msg_{_hex()}", parsed.content))
+        items.append(message_item(f"msg_{_hex()}", parsed.content, logprobs=logprobs))
     items += [call_item(f"fc_{_hex()}", p, p.arguments, "completed") for p in parsed.tool_calls]
     return items
 
@@ -534,10 +558,12 @@ def final_response(call: ResponsesCall, result: GenerationResult, reader: Choice
     choice = result.choices[0]
     parsed = reader.whole(choice.text, choice.token_ids, result.prompt.prompt_token_ids)
     incomplete = choice.finish_reason.value == "length"
+    asked = call.request.output.logprobs is not None
+    logprobs = [chat_logprob(lp) for lp in choice.logprobs] if asked else None
     return response_object(
         call,
         status="incomplete" if incomplete else "completed",
-        output=output_items(parsed),
+        output=output_items(parsed, logprobs),
         used=result.usage,
         max_output_tokens=result.prompt.max_tokens,
         incomplete=incomplete,
@@ -573,6 +599,7 @@ class _Item:
         self.index = index
         self.piece = piece
         self.text = ""
+        self.logprobs: list[JSON] = []  # a message's, when asked for
 
 
 class ResponseEvents:
@@ -635,7 +662,7 @@ class ResponseEvents:
             if parsed.reasoning:
                 out += self._text("reasoning", parsed.reasoning)
             if parsed.content:
-                out += self._text("message", parsed.content)
+                out += self._text("message", parsed.content, delta.logprobs)
             for piece in parsed.tool_calls:
                 out += self._call_piece(piece)
         return out
@@ -648,7 +675,7 @@ class ResponseEvents:
             delta.text, delta.token_ids, prompt_token_ids=first, finished=finished
         )
 
-    def _text(self, kind: str, text: str) -> bytes:
+    def _text(self, kind: str, text: str, logprobs: Sequence[TokenLogprob] = ()) -> bytes:
         out = b""
         if self._item is None or self._item.kind != kind:
             out += self._close() + self._open(kind)
@@ -658,9 +685,17 @@ class ResponseEvents:
         name = f"response.{'reasoning_text' if kind == 'reasoning' else 'output_text'}.delta"
         fields: JSON = {"content_index": 0, "delta": text, "item_id": item.id}
         if kind == "message":
-            fields["logprobs"] = []
+            fields["logprobs"] = self._logprobs(item, logprobs)
         fields["output_index"] = item.index
         return out + self._event(name, fields)
+
+    def _logprobs(self, item: _Item, logprobs: Sequence[TokenLogprob]) -> list[JSON]:
+        """A text delta's logprobs as the delta event carries them (no bytes), when asked;
+        the item keeps them whole for its part."""
+        if self._call.request.output.logprobs is None:
+            return []
+        item.logprobs += [chat_logprob(lp) for lp in logprobs]
+        return [_stream_logprob(lp) for lp in logprobs]
 
     def _call_piece(self, piece: ToolCallPiece) -> bytes:
         out = b""
@@ -722,7 +757,7 @@ class ResponseEvents:
                 {"content_index": 0, **where, "logprobs": [], "text": item.text},
             ) + self._event(
                 "response.content_part.done",
-                {"content_index": 0, **where, "part": _text_part(item.text)},
+                {"content_index": 0, **where, "part": _text_part(item.text, item.logprobs or None)},
             )
         return out + self._event(
             "response.output_item.done", {"item": done, "output_index": item.index}
@@ -734,7 +769,7 @@ class ResponseEvents:
             return call_item(item.id, item.piece, item.text, status)
         if item.kind == "reasoning":
             return reasoning_item(item.id, item.text if status == "completed" else None)
-        return message_item(item.id, item.text, status)
+        return message_item(item.id, item.text, status, item.logprobs or None)
 
     def _completed(self, done: Done) -> bytes:
         out = self._close()
@@ -759,3 +794,12 @@ class ResponseEvents:
         payload = {**fields, "sequence_number": self._sequence, "type": kind, **(tail or {})}
         self._sequence += 1
         return b"event: " + kind.encode() + b"\ndata: " + jsonio.dumps(payload) + b"\n\n"
+
+
+def _stream_logprob(lp: TokenLogprob) -> JSON:
+    """`response.output_text.delta`'s logprob: token, logprob and alternatives, no bytes."""
+    return {
+        "token": lp.token,
+        "logprob": clamp_logprob(lp.logprob),
+        "top_logprobs": [{"token": t.token, "logprob": clamp_logprob(t.logprob)} for t in lp.top],
+    }

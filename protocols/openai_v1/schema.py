@@ -254,3 +254,9 @@ class ResponsesRequest(_Wire):
     structured_outputs: dict[str, Any] | None = None  # vLLM's extension
     request_id: str | None = Field(None, min_length=1, max_length=256)
     priority: int = 0
+    # vLLM's sampling extras its Responses API applies (`ResponsesRequest.to_sampling_params`)
+    ignore_eos: bool = False
+    stop_token_ids: list[TokenId] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    logit_bias: dict[str, float] | None = None

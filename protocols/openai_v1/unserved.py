@@ -37,11 +37,6 @@ CHAT: Neutral = {
 RESPONSES: Neutral = {
     **_COMMON,
     "enable_response_messages": (None, False),
-    "ignore_eos": (None, False),
-    "include_stop_str_in_output": (None, False),
-    "logit_bias": (None,),
-    "skip_special_tokens": (None, True),
-    "stop_token_ids": (None, []),
     "previous_input_messages": (None,),
     "include_reasoning": (None, True),
 }

@@ -93,6 +93,48 @@ async def test_stream_events_build_the_same_answer(
 
 
 @pytest.mark.anyio
+async def test_output_text_logprobs_when_included(
+    http: tuple[httpx.AsyncClient, FakeEngine],
+) -> None:
+    """vLLM: `include: ["message.output_text.logprobs"]` puts the choice's logprobs on the
+    message's text part and on each text delta; `top_logprobs` is echoed."""
+    client, fake = http
+    asked = {"input": "hello there", "include": ["message.output_text.logprobs"],
+             "top_logprobs": 2}
+    whole = await create(client, **asked)
+    assert whole.status_code == 200, whole.text
+    assert fake.requests[-1].output.logprobs == 2
+    body = Response.model_validate(whole.json())
+    part = body.output[0].content[0]  # type: ignore[union-attr]
+    assert part.logprobs is not None and len(part.logprobs) == 8
+    assert "".join(lp.token for lp in part.logprobs) == part.text  # type: ignore[union-attr]
+    assert whole.json()["top_logprobs"] == 2
+    events = events_of((await create(client, **asked, stream=True)).text)
+    deltas = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert [lp.token for lp in deltas] == [lp.token for lp in part.logprobs]
+    done = next(e for e in events if e.type == "response.content_part.done")
+    assert done.part.logprobs == part.logprobs
+    plain = (await create(client, input="hello there")).json()
+    assert plain["top_logprobs"] is None and plain["output"][0]["content"][0]["logprobs"] is None
+    too_many = await create(client, **{**asked, "top_logprobs": 21})
+    assert too_many.status_code == 400, too_many.text
+
+
+@pytest.mark.anyio
+async def test_vllm_sampling_extras_reach_the_engine(
+    http: tuple[httpx.AsyncClient, FakeEngine],
+) -> None:
+    client, fake = http
+    extras = {"ignore_eos": True, "stop_token_ids": [7], "include_stop_str_in_output": True,
+              "skip_special_tokens": False, "logit_bias": {"5": 200}}
+    assert (await create(client, input="hi", **extras)).status_code == 200
+    sampling = fake.requests[-1].sampling
+    assert (sampling.ignore_eos, sampling.stop_token_ids, sampling.include_stop_str_in_output,
+            sampling.skip_special_tokens, sampling.logit_bias) == (True, (7,), True, False,
+                                                                    ((5, 100.0),))
+
+
+@pytest.mark.anyio
 async def test_a_function_tool_round_trip(http: tuple[httpx.AsyncClient, FakeEngine]) -> None:
     client, fake = http
     first = await create(client, input=CALL, tools=FUNCTIONS, max_output_tokens=2)

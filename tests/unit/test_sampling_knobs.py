@@ -68,7 +68,8 @@ async def test_best_of_that_asks_for_nothing_beyond_n_is_served(
         ("/v1/completions", {**COMPLETION, "vllm_xargs": {"a": 1}}, "vllm_xargs"),
         ("/v1/chat/completions", {**CHAT, "documents": [{"text": "x"}]}, "documents"),
         ("/v1/chat/completions", {**CHAT, "cache_salt": "tenant"}, "cache_salt"),
-        ("/v1/responses", {"model": "tiny", "input": "hi", "ignore_eos": True}, "ignore_eos"),
+        ("/v1/responses", {"model": "tiny", "input": "hi", "enable_response_messages": True},
+         "enable_response_messages"),
     ],
 )
 async def test_openai_fields_the_engine_cannot_honour_are_refused(
