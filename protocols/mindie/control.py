@@ -85,7 +85,7 @@ def render(exc: GatewayError) -> Response:
 
 
 def not_found(scope: Scope) -> Response:
-    return mindie_error(404, f"No route {scope['path']} on the management listener.")
+    return mindie_error(404, f"No route {scope['path']} on this listener.")
 
 
 def method_not_allowed(allowed: tuple[str, ...]) -> Response:

@@ -87,12 +87,15 @@ async def test_unknown_path_and_method_on_the_data_listener_are_plain_404_and_40
     assert slash.headers["location"].endswith("/v1/completions")
 
 
-async def test_unknown_path_on_the_management_listener_is_mindies_404() -> None:
-    async with client(make_gateway(), "management") as http:
+@pytest.mark.parametrize("listener", ["management", "metrics"])
+async def test_unknown_path_on_the_management_and_metrics_listeners_is_mindies_404(
+    listener: str,
+) -> None:
+    async with client(make_gateway(), listener) as http:
         missing = await http.get("/nope")
-        wrong = await http.post("/v1/status")
+        wrong = await http.post("/metrics")
     assert missing.status_code == 404
-    assert missing.json()["error"] == "No route /nope on the management listener."
+    assert missing.json()["error"] == "No route /nope on this listener."  # names no listener
     assert wrong.status_code == 405 and wrong.json()["error_type"] == "Method Not Allowed"
 
 
