@@ -61,11 +61,18 @@ class AdapterJournal:
         self._live: dict[str, SavedAdapter] = {}
         self._lines = 0  # change lines in the file (the header not counted)
         self._rewrite = True  # the next change rewrites the file: none yet, v1, torn or failed
+        self._warnings: list[str] = []  # found reading the file; logged by `load` alone
 
     def load(self) -> list[SavedAdapter]:
         """Read the file (absent: no registrations; its folder is made now, never later: a
         folder that vanishes while serving refuses changes). Raises StateFileError when it is
         damaged before its last line."""
+        saved = self._read()
+        for warning in self._warnings:
+            logger.warning("%s", warning)
+        return saved
+
+    def _read(self) -> list[SavedAdapter]:
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -73,8 +80,10 @@ class AdapterJournal:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                logger.warning("the state file's folder %s cannot be made (adapter changes are "
-                               "refused until it can be written): %s", self.path.parent, exc)
+                self._warnings.append(
+                    f"the state file's folder {self.path.parent} cannot be made (adapter changes "
+                    f"are refused until it can be written): {exc}"
+                )
         except OSError as exc:
             raise _damaged(self.path, f"cannot be read ({exc.strerror})") from None
         self._remove_temporaries()
@@ -181,8 +190,10 @@ class AdapterJournal:
         torn = lines.pop()  # b"" when the file ends with a newline
         changes = [_parse(line) for line in lines]
         if torn or (changes and changes[-1] is None):
-            logger.warning("the state file %s ends with a torn change (the server stopped while "
-                           "writing it, before answering it): ignored", self.path)
+            self._warnings.append(
+                f"the state file {self.path} ends with a torn change (the server stopped while "
+                "writing it, before answering it): ignored"
+            )
             if not torn:
                 changes.pop()
         self._rewrite = bool(torn) or len(changes) < len(lines) or not changes
@@ -291,5 +302,7 @@ def _damaged(path: Path, problem: str) -> StateFileError:
 
 
 def read_state(path: Path) -> list[SavedAdapter]:
-    """The saved registrations; [] when the file does not exist yet."""
-    return AdapterJournal(path).load()
+    """The saved registrations; [] when the file does not exist yet. What is wrong but not
+    fatal (a torn last change) is not logged here: the registry's journal, which reads the
+    file again and acts on it, says it once."""
+    return AdapterJournal(path)._read()

@@ -112,10 +112,33 @@ def test_a_torn_last_change_is_ignored_with_a_warning_and_rewritten_away(
     with caplog.at_level(logging.WARNING, "gateway.adapters"):
         again = journal_at(path)
     assert again.saved() == [A]
-    assert "torn change" in caplog.text and str(path) in caplog.text
+    assert caplog.text.count("torn change") == 1 and str(path) in caplog.text
     again.set("b", B)  # not glued to the torn bytes: the file is rewritten whole
     assert tail.strip(b"\n") not in path.read_bytes()
     assert read_state(path) == [A, B]
+
+
+@pytest.mark.parametrize("problem", ["torn change", "folder"])
+def test_the_start_reads_the_file_twice_and_warns_once(
+    failing_registry: tuple[AdapterRegistry, FakeEngine, Path],
+    path: Path,
+    problem: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry, engine, _ = failing_registry
+    if problem == "torn change":
+        journal_at(path).set("a", A)
+        with path.open("ab") as out:
+            out.write(b'1234abcd {"put":{"na')
+    else:
+        path = path.parent.parent / "elsewhere" / "adapters.json"
+        monkeypatch.setattr(Path, "mkdir", fail_with(errno.EACCES))
+    with caplog.at_level(logging.WARNING, "gateway.adapters"):
+        read_state(path)  # server.gateway.saved_adapters, before the engine starts
+        AdapterRegistry(engine=engine, rules=registry.rules, limits=registry.limits,
+                        state_file=path)  # the registry's journal, once it has
+    assert caplog.text.count(problem) == 1 and str(path.parent) in caplog.text
 
 
 def test_damage_before_the_last_line_stops_the_start_naming_the_file_and_the_fix(
