@@ -12,7 +12,10 @@ durable): it is logged and tried again after a later change.
 
 A crash can tear only the last line (every earlier one was fsynced): a last line that is cut
 short or fails its checksum is ignored with a warning, and the next change rewrites the file
-without it. Damage anywhere else fails start-up, naming the file and the fix: losing
+without it. The header is written whole (by a rename, never appended), so only a file that
+starts with it is a journal: any other file at that path is not ours, and stops the start
+rather than being overwritten. Whitespace at line ends (CRLF) and blank lines at the end of
+the file are ignored. Damage anywhere else fails start-up, naming the file and the fix: losing
 registrations silently would be worse than stopping. The version 1 format (one JSON document,
 rewritten whole) is still read, and rewritten as a journal by the first change.
 """
@@ -66,7 +69,7 @@ class AdapterJournal:
     def load(self) -> list[SavedAdapter]:
         """Read the file (absent: no registrations; its folder is made now, never later: a
         folder that vanishes while serving refuses changes). Raises StateFileError when it is
-        damaged before its last line."""
+        not a state this server wrote, or is damaged before its last line."""
         saved = self._read()
         for warning in self._warnings:
             logger.warning("%s", warning)
@@ -186,25 +189,27 @@ class AdapterJournal:
 
     # ---- reading -----------------------------------------------------------------------------
     def _replay(self, data: bytes) -> None:
-        lines = data.split(b"\n")
-        torn = lines.pop()  # b"" when the file ends with a newline
+        lines = [line.rstrip() for line in data.split(b"\n")]
+        while lines and not lines[-1]:
+            lines.pop()  # blank lines and whitespace at the end: an editor's, not a change
+        # a file not exactly as this server writes it (a torn change, whitespace, CRLF, none
+        # yet) is rewritten whole by the next change, never appended to
+        self._rewrite = b"".join(line + b"\n" for line in lines) != data or not lines
+        if not lines:
+            return
         changes = [_parse(line) for line in lines]
-        if torn or (changes and changes[-1] is None):
+        _check_header(self.path, changes[0])
+        if len(changes) > 1 and changes[-1] is None:
+            # the header proves the file is a journal: only then is a bad last line torn
             self._warnings.append(
                 f"the state file {self.path} ends with a torn change (the server stopped while "
                 "writing it, before answering it): ignored"
             )
-            if not torn:
-                changes.pop()
-        self._rewrite = bool(torn) or len(changes) < len(lines) or not changes
-        if not changes:
-            return
-        for number, change in enumerate(changes, start=1):
+            self._rewrite = True
+            changes.pop()
+        for number, change in enumerate(changes[1:], start=2):
             if change is None:
                 raise _damaged(self.path, f"line {number} is damaged (checksum or JSON)")
-        if changes[0] != HEADER:
-            raise _damaged(self.path, f"does not start with a version {VERSION} header")
-        for number, change in enumerate(changes[1:], start=2):
             self._apply(number, change)
         self._lines = len(changes) - 1
 
@@ -234,6 +239,19 @@ def _parse(line: bytes) -> Any:
         return json.loads(payload)
     except ValueError:
         return None
+
+
+def _check_header(path: Path, first: Any) -> None:
+    """Only a file whose first line is a journal header is a state this server wrote (it
+    writes the header whole, by a rename): any other file is never replayed nor overwritten."""
+    if first is None:
+        raise _damaged(
+            path, "is not an adapter state journal (its first line is not a journal header)",
+            fix="point LoraConfig.stateFile at a file of its own (the server creates it), or "
+            "move this file away if it is a damaged state file",
+        )  # fmt: skip
+    if first != HEADER:
+        raise _damaged(path, f"does not start with a version {VERSION} header")
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -294,11 +312,13 @@ def _entry(path: Path, where: str, item: object) -> SavedAdapter:
     return SavedAdapter(str(name), str(src), bool(pin), bool(preload), dict(options))
 
 
-def _damaged(path: Path, problem: str) -> StateFileError:
-    return StateFileError(
-        f"LoraConfig.stateFile: {path} {problem}. Fix: repair the file, or move it away to start "
-        "without the runtime adapter registrations it held"
-    )
+REPAIR = (
+    "repair the file, or move it away to start without the runtime adapter registrations it held"
+)
+
+
+def _damaged(path: Path, problem: str, fix: str = REPAIR) -> StateFileError:
+    return StateFileError(f"LoraConfig.stateFile: {path} {problem}. Fix: {fix}")
 
 
 def read_state(path: Path) -> list[SavedAdapter]:

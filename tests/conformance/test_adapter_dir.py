@@ -222,13 +222,23 @@ def test_runtime_registrations_survive_a_restart(
         assert described["pin"] is True and described["origin"] == "api"
 
 
-def test_a_damaged_state_file_stops_the_start_naming_it(folder: Path) -> None:
-    broken = folder / "broken"
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("{not json", "is not valid JSON"),
+        ("my-host-name\n", "is not an adapter state journal"),  # not ours: never overwritten
+    ],
+)
+def test_a_damaged_or_foreign_state_file_stops_the_start_naming_it(
+    folder: Path, content: str, problem: str
+) -> None:
+    broken = folder / f"broken-{len(content)}"
     broken.mkdir()
-    (broken / "state.json").write_text("{not json")
+    (broken / "state.json").write_text(content)
     config = config_for(folder)
     config["LoraConfig"]["stateFile"] = str(broken / "state.json")
     with pytest.raises(RuntimeError) as caught, running_server(broken, overrides=config):
         pass
-    assert "state.json is not valid JSON" in str(caught.value)
+    assert f"state.json {problem}" in str(caught.value)
     assert "Fix:" in str(caught.value)
+    assert (broken / "state.json").read_text() == content

@@ -1,7 +1,9 @@
 """The adapter state journal (`LoraConfig.stateFile`): every change durable before it is
 answered, a refused one leaves file and memory as they were, a crash at any point of a write
 loads as the state before or after that change (never a failed start), compaction keeps the
-file bounded and never loses a change, the version 1 file is still read.
+file bounded and never loses a change, the version 1 file is still read. A file that is not a
+journal (no header line) stops the start and is never overwritten; blank lines at the end do
+not.
 
 Faults are injected into the writer (`os.write`, `os.fsync`, `os.replace`, `mkstemp`) to stand
 for a full disk, a read-only one, or the process dying at that point.
@@ -101,7 +103,9 @@ def test_a_version_1_file_is_read_and_rewritten_as_a_journal_by_the_first_change
 
 
 # ---- torn and damaged files --------------------------------------------------------------------
-@pytest.mark.parametrize("tail", [b'1234abcd {"put":{"name":"c"', b"\0\0\0\0\0\0", b"zz\n"])
+@pytest.mark.parametrize(
+    "tail", [b'1234abcd {"put":{"name":"c"', b"\0" * 4096, b"zz\n", b'1234abcd {"pu\n\n  \n']
+)
 def test_a_torn_last_change_is_ignored_with_a_warning_and_rewritten_away(
     path: Path, tail: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -139,6 +143,89 @@ def test_the_start_reads_the_file_twice_and_warns_once(
         AdapterRegistry(engine=engine, rules=registry.rules, limits=registry.limits,
                         state_file=path)  # the registry's journal, once it has
     assert caplog.text.count(problem) == 1 and str(path.parent) in caplog.text
+
+
+@pytest.mark.parametrize(
+    "foreign",
+    [
+        b"my-host-name\n",
+        b"my-host-name",
+        b"\x00\x01\xff garbage \n",
+        b"\0" * 4096,
+        b"first\nsecond\n",
+        b'1234abcd {"put":{"name":"c"',  # a torn line is torn only after a journal header
+    ],
+)
+def test_a_file_that_is_not_a_journal_stops_the_start_and_is_left_as_it_is(
+    path: Path, foreign: bytes
+) -> None:
+    path.parent.mkdir(parents=True)
+    path.write_bytes(foreign)
+    with pytest.raises(StateFileError) as caught:
+        AdapterJournal(path).load()
+    message = str(caught.value)
+    assert str(path) in message and "is not an adapter state journal" in message
+    assert "Fix: point LoraConfig.stateFile at a file of its own" in message
+    assert path.read_bytes() == foreign
+
+
+@pytest.mark.parametrize("end", [b"\n", b"\n\n", b"  \n", b" \t\r\n\n  ", b"\n\n\n \n"])
+def test_blank_lines_and_whitespace_at_the_end_are_no_change(
+    path: Path, end: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    journal = journal_at(path)
+    journal.set("a", A)
+    journal.set("b", B)
+    path.write_bytes(path.read_bytes() + end)  # an editor's save, an `echo >>`
+    with caplog.at_level(logging.WARNING, "gateway.adapters"):
+        again = journal_at(path)
+    assert again.saved() == [A, B] and caplog.text == ""
+    again.set("c", C)  # the file is written again as this server writes it
+    assert read_state(path) == [A, B, C] and b"\n\n" not in path.read_bytes()
+    assert path.read_bytes().endswith(b"}\n")
+
+
+def test_a_whole_last_change_without_its_newline_is_kept(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    journal = journal_at(path)
+    journal.set("a", A)
+    journal.set("b", B)
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))  # an editor that drops the last newline
+    with caplog.at_level(logging.WARNING, "gateway.adapters"):
+        again = journal_at(path)
+    assert again.saved() == [A, B] and caplog.text == ""  # acknowledged: never dropped
+    again.set("c", C)  # not glued to the last line
+    assert read_state(path) == [A, B, C]
+
+
+def test_a_journal_with_crlf_line_ends_is_read(path: Path) -> None:
+    journal_at(path).set("a", A)
+    path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    again = journal_at(path)
+    assert again.saved() == [A]
+    again.set("b", B)
+    assert read_state(path) == [A, B] and b"\r" not in path.read_bytes()
+
+
+@pytest.mark.parametrize("blank", [b"", b"\n", b" \n\n"])
+def test_an_empty_or_blank_file_is_an_empty_state(path: Path, blank: bytes) -> None:
+    path.parent.mkdir(parents=True)
+    path.write_bytes(blank)
+    journal = journal_at(path)
+    assert journal.saved() == []
+    journal.set("a", A)
+    assert read_state(path) == [A] and lines(path)[0].endswith(b'"version":2}')
+
+
+def test_a_blank_line_before_the_last_change_is_damage(path: Path) -> None:
+    journal = journal_at(path)
+    journal.set("a", A)
+    journal.set("b", B)
+    written = lines(path)
+    path.write_bytes(b"\n".join([*written[:2], b"", written[2]]) + b"\n")
+    with pytest.raises(StateFileError, match="line 3 is damaged"):
+        read_state(path)
 
 
 def test_damage_before_the_last_line_stops_the_start_naming_the_file_and_the_fix(
