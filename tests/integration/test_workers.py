@@ -32,6 +32,7 @@ from tests.integration.traffic import (
     complete,
     launch,
     management_client,
+    openai_chat_stream,
 )
 from tests.serverproc import (
     DEMO,
@@ -326,6 +327,37 @@ def test_stop_service_on_any_worker_stops_every_worker(tmp_path: Path) -> None:
     assert code == 0, log[-3000:]
     assert "a worker was asked to stop: draining every worker" in log
     assert log.count("[-] draining 0 requests") == 2
+
+
+@pytest.mark.anyio
+async def test_a_forced_stop_service_on_one_worker_aborts_every_workers_streams_at_once(
+    tmp_path: Path,
+) -> None:
+    """GET /stopService?mode=Force on one worker while 16 streams that never end (the fake
+    engine hangs after two tokens) run on both: every worker forces (no lame-duck period, no
+    wait for the streams), each stream ends with OpenAI's in-band 503, the server exits 0."""
+    hanging = {**WORKERS, "ModelConfig": {"engineOptions": {"hang_after": 2}}}
+    with running_server(tmp_path, engine="fake", overrides=hanging) as server:
+        limits = httpx.Limits(max_keepalive_connections=0)  # spread over both workers
+        async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S, limits=limits) as data:
+            outcomes = [Outcome("openai-chat-stream") for _ in range(16)]
+            tasks = [asyncio.create_task(openai_chat_stream(data, o, 50)) for o in outcomes]
+            await asyncio.wait_for(asyncio.gather(*(o.started.wait() for o in outcomes)), WAIT_S)
+            await _until_inflight(server, 16)  # both workers hold some
+            async with async_management_client(server, timeout=WAIT_S) as mgmt:
+                forced = await mgmt.get("/stopService", params={"mode": "Force"})
+            await asyncio.wait_for(asyncio.gather(*tasks), WAIT_S)
+        code = await asyncio.to_thread(server.process.wait, WAIT_S)
+        log = server.log()
+    assert forced.status_code == 200
+    assert code == 0, log[-3000:]
+    assert {o.status for o in outcomes} == {200}
+    assert [o.events[-2]["error"]["code"] for o in outcomes] == [503] * 16
+    assert all(o.events[-1] == "[DONE]" for o in outcomes)
+    assert log.count("a worker was asked to stop at once: forcing every worker") == 1
+    assert "lame duck" not in log
+    assert re.search(r"worker-0 \[-\] drain ended before idle: aborted \d+ requests", log)
+    assert re.search(r"worker-1 \[-\] drain ended before idle: aborted \d+ requests", log)
 
 
 def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path) -> None:
