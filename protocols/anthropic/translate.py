@@ -344,7 +344,11 @@ def usage(input_tokens: int, output_tokens: int) -> JSON:
 
 def message_response(result: GenerationResult, view: ReplyView, reader: ChoiceReader) -> JSON:
     choice = result.choices[0]
-    parsed = reader.whole(choice.text, choice.token_ids, result.prompt.prompt_token_ids)
+    # a call cut off by max_tokens stays, incomplete, as the stream shows it and as Anthropic's
+    # API answers it ("Handling stop reasons": retry with a higher max_tokens)
+    parsed = reader.whole(
+        choice.text, choice.token_ids, result.prompt.prompt_token_ids, unfinished=True
+    )
     reason, sequence = stop_reason(
         choice.finish_reason, choice.matched_stop, called=reader.called, view=view
     )

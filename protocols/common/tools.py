@@ -93,6 +93,8 @@ class ToolPlan:
             }
             if not self.parallel:
                 calls["maxItems"] = 1
+            if defs := _shared_definitions(self.functions):
+                calls["$defs"] = defs  # where the tools' `#/$defs/...` references now point
             return _fitted(calls)
         return None
 
@@ -108,13 +110,39 @@ class ToolPlan:
 
 
 def _call_schema(function: Function) -> dict[str, Any]:
+    parameters = {k: v for k, v in (function.parameters or EMPTY_PARAMETERS).items() if k != DEFS}
     return {
         "properties": {
             "name": {"type": "string", "enum": [function.name]},
-            "parameters": function.parameters or EMPTY_PARAMETERS,
+            "parameters": parameters,
         },
         "required": ["name", "parameters"],
     }
+
+
+DEFS = "$defs"
+
+
+def _shared_definitions(functions: Sequence[Function]) -> dict[str, Any]:
+    """Every tool's `$defs`, for the top of the calls' schema (vLLM's `_get_tool_schema_defs`):
+    nested in `anyOf`, a tool's `#/$defs/...` references would not resolve."""
+    shared: dict[str, Any] = {}
+    for function in functions:
+        defs = (function.parameters or {}).get(DEFS, {})
+        if not isinstance(defs, dict):
+            raise InvalidRequest(
+                f"`$defs` in the parameters of tool '{function.name}' must be an object, got "
+                f"{type(defs).__name__}.",
+                param="tools",
+            )
+        for name, schema in defs.items():
+            if name in shared and shared[name] != schema:
+                raise InvalidRequest(
+                    f"Tool definition '{name}' has multiple schemas, which is not supported.",
+                    param="tools",
+                )
+            shared[name] = schema
+    return shared
 
 
 def _fitted(json_schema: dict[str, Any]) -> StructuredOutput:
@@ -154,15 +182,17 @@ class ChoiceReader:
     # -- whole answers --
 
     def whole(
-        self, text: str, token_ids: Sequence[int], prompt_token_ids: Sequence[int] = ()
+        self, text: str, token_ids: Sequence[int], prompt_token_ids: Sequence[int] = (),
+        *, unfinished: bool = False,
     ) -> ParsedOutput:
+        """`unfinished`: keep a forced call the token limit cut off (as a stream shows it)."""
         plan = self._plan
         if plan.mode == "named":
             calls = [(plan.function or "", text)] if text.strip() else []
             return self._with_calls(ParsedOutput(content=""), calls)
         if plan.mode == "required":
-            complete = [(name, args) for name, args, done in scan_calls(text) if done]
-            return self._with_calls(ParsedOutput(content=""), complete)
+            kept = [(name, args) for name, args, done in scan_calls(text) if done or unfinished]
+            return self._with_calls(ParsedOutput(content=""), kept)
         parsed = (
             self._parser.parse(text, token_ids, prompt_token_ids=prompt_token_ids)
             if self._parser

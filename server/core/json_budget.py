@@ -10,6 +10,10 @@ bounded schema is a value of the original one.
 
 Strings get a pattern without control characters, quotes or backslashes besides their length:
 raw control characters are not valid JSON, and escapes would make a character cost six bytes.
+
+References to the schema's own definitions (`{"$ref": "#/$defs/Name"}`, what pydantic writes for
+a nested model, and a lone `allOf: [{"$ref": ...}]`) are replaced by the definition first, so
+such schemas are bounded too; a recursive or outside reference cannot be.
 """
 
 from __future__ import annotations
@@ -39,16 +43,79 @@ def fit_schema(schema: JsonSchema, budget: int) -> tuple[JsonSchema, bool]:
     whether it fits. When even the tightest level does not fit, or the schema cannot be bounded,
     the tightest copy (or the schema itself) comes back with False."""
     tightest: JsonSchema = schema
+    try:
+        inlined = inline_definitions(schema)
+    except Unbounded:
+        return schema, False
     for optional in (True, False):  # at last, objects keep only their required properties
         for level in LEVELS:
             try:
-                bounded = _bound(schema, Level(*level, optional))
+                bounded = _bound(inlined, Level(*level, optional))
             except Unbounded:
                 return schema, False
             tightest = bounded
             if worst_size(bounded) <= budget:
                 return bounded, True
     return tightest, False
+
+
+DEFINITIONS = ("$defs", "definitions")
+MAX_INLINED = 4096  # subschemas an inlined copy may have (references can multiply them)
+# where a keyword holds subschemas: one, a list of them, or a name → subschema mapping
+_ONE = frozenset({"items", "additionalProperties", "not", "if", "then", "else", "contains"})
+_LIST = frozenset({"anyOf", "oneOf", "allOf", "prefixItems"})
+_MAP = frozenset({"properties", "patternProperties"})
+
+
+def inline_definitions(schema: JsonSchema) -> JsonSchema:
+    """`schema` without its definitions: every `#/$defs/<name>` (or `#/definitions/<name>`)
+    reference replaced by that definition, beside the reference's other keywords, and a lone
+    `allOf` merged into its schema. Raises Unbounded for a reference elsewhere, to a missing
+    or recursive definition, or a copy past MAX_INLINED subschemas."""
+    defs: dict[str, Any] = {}
+    for key in DEFINITIONS:
+        found = schema.get(key, {})
+        if not isinstance(found, dict):
+            raise Unbounded(f"`{key}` is not an object")
+        defs.update({f"#/{key}/{name}": value for name, value in found.items()})
+    root = {key: value for key, value in schema.items() if key not in DEFINITIONS}
+    inlined = _Inliner(defs).schema(root, frozenset())
+    assert isinstance(inlined, dict)  # as `root` is
+    return inlined
+
+
+class _Inliner:
+    def __init__(self, defs: dict[str, Any]) -> None:
+        self._defs = defs
+        self._left = MAX_INLINED
+
+    def schema(self, node: object, seen: frozenset[str]) -> Any:
+        if not isinstance(node, dict):
+            return node  # true / false
+        self._left -= 1
+        if self._left < 0:
+            raise Unbounded("too many subschemas once references are inlined")
+        ref = node.get("$ref")
+        if ref is not None:
+            target = self._defs.get(ref) if isinstance(ref, str) else None
+            if not isinstance(target, dict) or ref in seen:
+                raise Unbounded(f"the reference {ref!r}")
+            rest = {key: value for key, value in node.items() if key != "$ref"}
+            return self.schema({**target, **rest}, seen | {ref})
+        all_of = node.get("allOf")
+        if isinstance(all_of, list) and len(all_of) == 1 and isinstance(all_of[0], dict):
+            rest = {key: value for key, value in node.items() if key != "allOf"}
+            return self.schema({**all_of[0], **rest}, seen)
+        return {key: self._keyword(key, value, seen) for key, value in node.items()}
+
+    def _keyword(self, key: str, value: object, seen: frozenset[str]) -> Any:
+        if key in _ONE:
+            return self.schema(value, seen)
+        if key in _LIST and isinstance(value, list):
+            return [self.schema(item, seen) for item in value]
+        if key in _MAP and isinstance(value, dict):
+            return {name: self.schema(item, seen) for name, item in value.items()}
+        return value  # data (enum, const, default, ...) or an annotation
 
 
 def worst_size(schema: JsonSchema) -> int:

@@ -15,6 +15,7 @@ import jsonschema
 import openai
 import pytest
 from openai import OpenAI
+from pydantic import BaseModel
 
 from tests.serverproc import RunningServer
 
@@ -118,6 +119,33 @@ def test_forced_calls_stream_exactly_what_they_answer(client: OpenAI, choice: An
     assert finishes == [whole.choices[0].finish_reason]
     for call in calls:
         check_call(call["name"], call["arguments"])
+
+
+class Place(BaseModel):
+    city: str
+
+
+class Trip(BaseModel):  # pydantic writes `$defs` and `$ref` for the nested model
+    to: Place
+    via: list[Place]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "Trip"}}])
+def test_tools_with_nested_models_get_arguments_their_model_parses(
+    client: OpenAI, choice: Any
+) -> None:
+    """vLLM lifts the tools' `$defs` to the top of the forced schema; here the references are
+    also inlined so the arguments are bounded like any other (no raw control characters)."""
+    tool = openai.pydantic_function_tool(Trip)
+    for seed in range(3):
+        result = client.chat.completions.create(
+            model="a2", messages=MESSAGES, tools=[tool], tool_choice=choice, max_tokens=80,
+            temperature=1.0, seed=seed,
+        )
+        calls = result.choices[0].message.tool_calls or []
+        assert calls
+        for call in calls:
+            Trip.model_validate_json(call.function.arguments)  # type: ignore[union-attr]
 
 
 def test_required_with_parallel_calls_off_makes_one_valid_call(client: OpenAI) -> None:

@@ -142,3 +142,45 @@ def test_any_budget_holds(budget: int, strings: int) -> None:
     assert fits
     largest = json.dumps(_largest(bounded), ensure_ascii=False, separators=(",", ":"))
     assert len(largest.encode()) <= budget
+
+
+NESTED = {  # what pydantic writes for a model with a nested model and an optional one
+    "type": "object",
+    "$defs": {
+        "Place": {"type": "object", "properties": {"city": {"type": "string"}},
+                  "required": ["city"]},
+    },
+    "properties": {
+        "home": {"$ref": "#/$defs/Place", "description": "where"},
+        "work": {"anyOf": [{"$ref": "#/$defs/Place"}, {"type": "null"}]},
+        "old": {"allOf": [{"$ref": "#/$defs/Place"}], "default": None},
+    },
+    "required": ["home"],
+}
+
+
+def test_references_to_the_schemas_own_definitions_are_inlined_and_bounded() -> None:
+    bounded, fits = fit_schema(NESTED, 400)
+    assert fits and "$defs" not in bounded
+    text = json.dumps(bounded)
+    assert "$ref" not in text and "allOf" not in text
+    home = bounded["properties"]["home"]
+    assert home["description"] == "where" and home["additionalProperties"] is False
+    assert re.compile(home["properties"]["city"]["pattern"]).fullmatch("Paris")
+    assert not re.compile(home["properties"]["city"]["pattern"]).fullmatch("Par\x16is")
+    assert bounded["properties"]["work"]["anyOf"][0]["properties"]["city"]["pattern"]
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}}},
+         "$ref": "#/$defs/N"},  # recursive
+        {"$defs": {"A": {"type": "string"}}, "$ref": "other.json#/A"},  # elsewhere
+        {"$defs": [], "type": "string"},
+    ],
+)
+def test_references_that_cannot_be_inlined_leave_the_schema_as_it_was(
+    schema: dict[str, Any],
+) -> None:
+    assert fit_schema(schema, 1000) == (schema, False)

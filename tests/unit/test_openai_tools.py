@@ -152,6 +152,34 @@ def test_required_schema_is_vllm_s_and_parallel_false_allows_one_call() -> None:
     ]
 
 
+NESTED_TOOL = {"type": "function", "function": {"name": "trip", "parameters": {
+    "type": "object",
+    "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}}}},
+    "properties": {"to": {"$ref": "#/$defs/Place"}}, "required": ["to"]}}}
+
+
+def test_required_schema_lifts_the_tools_definitions_to_its_top_as_vllm() -> None:
+    """A tool's `#/$defs/...` references resolve from the calls' schema root
+    (vLLM's `_get_tool_schema_defs`); two tools may share a definition, not redefine it."""
+    body = schema.ChatCompletionRequest.model_validate(
+        {"messages": MESSAGES, "tools": [*TOOLS, NESTED_TOOL], "tool_choice": "required"}
+    )
+    structured = tools.chat_plan(body, tool_call_parser=None).structured()
+    assert structured is not None
+    required = json.loads(structured.json_schema or "")
+    assert required["$defs"] == {"Place": NESTED_TOOL["function"]["parameters"]["$defs"]["Place"]}
+    nested = required["items"]["anyOf"][2]["properties"]["parameters"]
+    assert "$defs" not in nested and nested["properties"]["to"] == {"$ref": "#/$defs/Place"}
+    other = json.loads(json.dumps(NESTED_TOOL))
+    other["function"]["name"] = "other"
+    other["function"]["parameters"]["$defs"]["Place"] = {"type": "string"}
+    clash = schema.ChatCompletionRequest.model_validate(
+        {"messages": MESSAGES, "tools": [NESTED_TOOL, other], "tool_choice": "required"}
+    )
+    with pytest.raises(InvalidRequest, match="'Place' has multiple schemas"):
+        tools.chat_plan(clash, tool_call_parser=None).structured()
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
