@@ -48,6 +48,9 @@ from server.settings import Settings
 logger = logging.getLogger("gateway")
 EngineFactory = Callable[[Settings], Coroutine[Any, Any, Engine]]
 ABORT_GRACE_S = 5.0  # after aborting on drain timeout, how long aborted requests get to end
+# a supervisor forces its workers with this one signal: two SIGTERMs sent at once may reach
+# a worker as one (a standard signal already pending is not queued again)
+FORCE_SIGNAL = signal.SIGUSR2
 
 
 class StartingApp:
@@ -168,26 +171,34 @@ def run_worker(settings: Settings, worker: Worker) -> None:
 
 
 class StopSignals:
-    """SIGTERM and SIGINT: the first one drains (as GET /stopService does), a second forces."""
+    """SIGTERM and SIGINT: the first one drains (as GET /stopService does), a second forces.
+    A worker also forces on FORCE_SIGNAL, its supervisor's relay of a forced stop."""
 
     def __init__(self, shutdown: Shutdown) -> None:
         self._shutdown = shutdown
         self._received = 0
 
     def install(self, *, interrupt: bool = True) -> None:
-        """`interrupt=False` (a worker): SIGINT is ignored, the supervisor relays Ctrl+C."""
+        """`interrupt=False` (a worker): SIGINT is ignored, the supervisor relays Ctrl+C, and
+        FORCE_SIGNAL forces."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             if sig is signal.SIGINT and not interrupt:
                 signal.signal(sig, signal.SIG_IGN)
                 continue
             loop.add_signal_handler(sig, self.handle, sig)
+        if not interrupt:
+            loop.add_signal_handler(FORCE_SIGNAL, self.force, FORCE_SIGNAL)
 
     def handle(self, sig: signal.Signals) -> None:
         self._received += 1
         force = self._received > 1
         logger.info("%s: %s", sig.name, "forcing the stop" if force else "draining")
         self._shutdown.request(force=force)
+
+    def force(self, sig: signal.Signals) -> None:
+        logger.info("%s: forcing the stop", sig.name)
+        self._shutdown.request(force=True)
 
 
 async def drain(gateway: Gateway) -> None:

@@ -308,9 +308,9 @@ class OwnerLink:
 
     async def call(self, call: Call) -> Any:
         call_id = next(self._ids)
-        reply = asyncio.get_running_loop().create_future()
-        self._calls[call_id] = reply
         self._send(("call", call_id, call))
+        reply = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = reply  # before any await: the reply cannot have come yet
         try:
             ok, value = await reply
         except asyncio.CancelledError:
@@ -327,7 +327,7 @@ class OwnerLink:
 
     def _send(self, message: object) -> None:
         if self._writer is None or self._writer.is_closing():
-            raise ServiceUnavailable("the adapter registry is not reachable")
+            raise _unreachable()
         self._writer.write(_frame(message))
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
@@ -337,11 +337,18 @@ class OwnerLink:
         except (asyncio.IncompleteReadError, ConnectionError):
             logger.error("the adapter registry's owner went away")
         finally:
-            gone = ServiceUnavailable("the adapter registry is not reachable")
-            for reply in self._calls.values():
-                if not reply.done():
-                    reply.set_result((False, gone))
-            self._calls.clear()
+            self._lose()
+
+    def _lose(self) -> None:
+        """No reply comes any more: fail the calls waiting for one, and every later call
+        (`_send`: closed here, as uvloop keeps a socket whose peer left open until a write
+        fails), rather than let them wait for ever."""
+        if self._writer is not None:
+            self._writer.close()
+        for reply in self._calls.values():
+            if not reply.done():
+                reply.set_result((False, _unreachable()))
+        self._calls.clear()
 
     def _take(self, message: tuple[Any, ...]) -> None:
         if message[0] == "ask":
@@ -371,6 +378,10 @@ class OwnerLink:
         value = await self._peers.run_here(op, args)
         with contextlib.suppress(ServiceUnavailable, ConnectionError):
             self._send(("answer", ask_id, [value]))
+
+
+def _unreachable() -> ServiceUnavailable:
+    return ServiceUnavailable("the adapter registry is not reachable")
 
 
 class MirrorRegistry(AdapterRegistry):

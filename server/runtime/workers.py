@@ -8,11 +8,12 @@ and spawns the workers, each with its own client of that core. It holds no reque
 generates.
 
 One lifecycle: the workers turn ready together (a start barrier); SIGTERM or SIGINT here, or
-GET /stopService on any worker (which signals SIGUSR1 here), drains every worker (a second
-SIGTERM/SIGINT forces); a worker or an engine process that dies takes the whole server down
-cleanly (the others drain, exit code 1), as vLLM's own API-server manager does: a worker holds
-its engine-core sockets, which a replacement could not take over, and an orchestrator restarts
-the server as a whole.
+GET /stopService on any worker (which signals SIGUSR1 here), drains every worker (a SIGTERM to
+each); a second SIGTERM/SIGINT here, or GET /stopService?mode=Force on any worker (SIGUSR2
+here), forces every worker (FORCE_SIGNAL to each); a worker or an engine process that dies
+takes the whole server down cleanly (the others drain, exit code 1), as vLLM's own API-server
+manager does: a worker holds its engine-core sockets, which a replacement could not take over,
+and an orchestrator restarts the server as a whole.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from server.engines.factory import launch_core
 from server.runtime.grpc_listener import plan_grpc
 from server.runtime.listeners import plan_listeners, uvicorn_config
 from server.runtime.ports import PortUnavailable, bind_port, check_free
-from server.runtime.process import run_worker
+from server.runtime.process import FORCE_SIGNAL, run_worker
 from server.runtime.worker import Worker
 from server.settings import Settings
 
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("gateway")
 EXIT_GRACE_S = 10.0  # after the drain timeout, how long workers get to exit before SIGKILL
+DRAIN, FORCE = 1, 2  # the stop levels relayed to the workers
+_RELAYED_AS = {DRAIN: signal.SIGTERM, FORCE: FORCE_SIGNAL}
 
 
 async def _refuse(scope: Any, receive: Any, send: Any) -> None:
@@ -171,8 +174,9 @@ class Supervisor:
     def _on_worker_stop(self, signum: int, frame: FrameType | None) -> None:
         """SIGUSR1: a worker was asked to stop (/stopService); SIGUSR2: to stop at once."""
         if signum == signal.SIGUSR2:
-            logger.info("a worker was asked to stop at once: forcing every worker")
-            self._stops = max(self._stops, 2)
+            if self._stops < FORCE:  # each forced worker reports it too
+                logger.info("a worker was asked to stop at once: forcing every worker")
+            self._stops = max(self._stops, FORCE)
         elif not self._stop_asked:
             logger.info("a worker was asked to stop: draining every worker")
         self._stop_asked = True
@@ -190,7 +194,9 @@ class Supervisor:
             self._reap()
 
     def _relay_stops(self) -> None:
-        wanted = 0 if not self._stop_asked else max(1, self._stops)
+        """Tell every live worker the stop level asked since the last relay: SIGTERM drains,
+        FORCE_SIGNAL forces (also straight from no stop: one signal, the level asked)."""
+        wanted = 0 if not self._stop_asked else min(max(DRAIN, self._stops), FORCE)
         if wanted > self._relayed:
             self._relayed = wanted
             if self._barrier is not None:
@@ -198,7 +204,7 @@ class Supervisor:
             for process in self.workers:
                 if process.exitcode is None and process.pid is not None:
                     with contextlib.suppress(ProcessLookupError):
-                        os.kill(process.pid, signal.SIGTERM)
+                        os.kill(process.pid, _RELAYED_AS[wanted])
 
     def _check_engine(self, engine: list[int], ready: list[Any]) -> None:
         if engine and any(sentinel in ready for sentinel in engine) and not self._failed:

@@ -32,6 +32,7 @@ from tests.integration.traffic import (
     complete,
     launch,
     management_client,
+    openai_chat_stream,
 )
 from tests.serverproc import (
     DEMO,
@@ -326,6 +327,73 @@ def test_stop_service_on_any_worker_stops_every_worker(tmp_path: Path) -> None:
     assert code == 0, log[-3000:]
     assert "a worker was asked to stop: draining every worker" in log
     assert log.count("[-] draining 0 requests") == 2
+
+
+@pytest.mark.anyio
+async def test_a_forced_stop_service_on_one_worker_aborts_every_workers_streams_at_once(
+    tmp_path: Path,
+) -> None:
+    """GET /stopService?mode=Force on one worker while 16 streams that never end (the fake
+    engine hangs after two tokens) run on both: every worker forces (no lame-duck period, no
+    wait for the streams), each stream ends with OpenAI's in-band 503, the server exits 0."""
+    hanging = {**WORKERS, "ModelConfig": {"engineOptions": {"hang_after": 2}}}
+    with running_server(tmp_path, engine="fake", overrides=hanging) as server:
+        limits = httpx.Limits(max_keepalive_connections=0)  # spread over both workers
+        async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S, limits=limits) as data:
+            outcomes = [Outcome("openai-chat-stream") for _ in range(16)]
+            tasks = [asyncio.create_task(openai_chat_stream(data, o, 50)) for o in outcomes]
+            await asyncio.wait_for(asyncio.gather(*(o.started.wait() for o in outcomes)), WAIT_S)
+            await _until_inflight(server, 16)  # both workers hold some
+            async with async_management_client(server, timeout=WAIT_S) as mgmt:
+                forced = await mgmt.get("/stopService", params={"mode": "Force"})
+            await asyncio.wait_for(asyncio.gather(*tasks), WAIT_S)
+        code = await asyncio.to_thread(server.process.wait, WAIT_S)
+        log = server.log()
+    assert forced.status_code == 200
+    assert code == 0, log[-3000:]
+    assert {o.status for o in outcomes} == {200}
+    assert [o.events[-2]["error"]["code"] for o in outcomes] == [503] * 16
+    assert all(o.events[-1] == "[DONE]" for o in outcomes)
+    assert log.count("a worker was asked to stop at once: forcing every worker") == 1
+    assert "lame duck" not in log
+    assert re.search(r"worker-0 \[-\] drain ended before idle: aborted \d+ requests", log)
+    assert re.search(r"worker-1 \[-\] drain ended before idle: aborted \d+ requests", log)
+
+
+def test_management_calls_on_a_worker_whose_registry_owner_died_get_503_at_once(
+    tmp_path: Path,
+) -> None:
+    """Worker 0 (the adapter registry's owner) is killed; worker 1, in its lame-duck period,
+    answers every adapter call at once with a 503 in the call's protocol shape (none waits for
+    a reply that cannot come); a forced stop then ends the server (code 1: a worker died)."""
+    lame_duck = {**WORKERS, "ServerConfig": {"workers": 2, "drainDelay": 600}}
+    src = str(DEMO / "adapters" / "a1")
+    with running_server(tmp_path, engine="fake", overrides=lame_duck) as server:
+        os.kill(worker_pids(server.log())["worker-0"], signal.SIGKILL)
+        _until_logged(server, "the adapter registry's owner went away", "lame duck for 600.0s")
+        with management_client(server, timeout=WAIT_S) as mgmt:  # worker 1 alone listens now
+            calls = [mgmt.post("/models/tiny/adapters", params={"name": "late", "src": src}),
+                     mgmt.delete("/models/tiny/adapters/a1"),
+                     httpx.post(f"{server.url}/v1/load_lora_adapter", timeout=WAIT_S,
+                                json={"lora_name": "late", "lora_path": src})]
+            mgmt.get("/stopService", params={"mode": "Force"})
+        code = server.process.wait(WAIT_S)
+        log = server.log()
+    assert code == 1, log[-3000:]
+    assert "the adapter registry's owner went away" in log
+    assert [c.status_code for c in calls] == [503, 503, 503], [c.text for c in calls]
+    unreachable = "the adapter registry is not reachable"
+    djl = {"code": 503, "type": "ServiceUnavailableException", "message": unreachable}
+    assert [c.json() for c in calls[:2]] == [djl, djl]
+    assert calls[2].json()["error"]["message"] == unreachable
+    assert "timeout graceful shutdown exceeded" not in log
+
+
+def _until_logged(server: RunningServer, *lines: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not all(line in server.log() for line in lines):
+        assert time.monotonic() < deadline, f"never logged {lines}"
+        time.sleep(0.05)
 
 
 def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from server.core.errors import (
     AdapterInvalid,
     AdapterNotFound,
     Overloaded,
+    ServiceUnavailable,
     StateNotSaved,
 )
 from server.core.peers import Peers, Remote
@@ -233,3 +234,27 @@ async def test_a_change_the_owner_cannot_save_is_refused_on_every_worker_unchang
 
 def _read_only(*_: object, **__: object) -> int:
     raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+
+# uvloop (the workers' loop) keeps the write side of a socket its peer closed open until a
+# write fails: the first call after the owner went away was written and waited for ever
+@pytest.mark.parametrize("anyio_backend", [("asyncio", {"use_uvloop": True}), "asyncio"])
+async def test_calls_after_the_owner_went_away_fail_at_once(
+    root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Once the link is lost, every call gets the same ServiceUnavailable at once; none waits
+    for a reply that cannot come."""
+    server = RegistryOwner(tmp_path / "gone.sock")
+    owner = AdapterRegistry(engine=FakeEngine(model_name="tiny"), rules=_rules(root),
+                            limits=_limits(root), on_change=server.publish)
+    await server.start(owner, Peers())
+    mirror = _mirror(root, tmp_path / "gone.sock")
+    await mirror.link.connect(mirror.show, Peers(), timeout_s=5)
+    await server.close()
+    await _until(lambda: "the adapter registry's owner went away" in caplog.text)
+    calls = [mirror.register("late", str(root / "a1")), mirror.unregister("a1"),
+             mirror.acquire("a2"), mirror.link.ask_owner("echo", ())]
+    for call in calls:
+        with pytest.raises(ServiceUnavailable, match="the adapter registry is not reachable"):
+            await asyncio.wait_for(call, 10.0)  # a guard: before the fix they waited for ever
+    await mirror.link.close()
