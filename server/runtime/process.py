@@ -172,11 +172,14 @@ def run_worker(settings: Settings, worker: Worker) -> None:
 
 class StopSignals:
     """SIGTERM and SIGINT: the first one drains (as GET /stopService does), a second forces.
-    A worker also forces on FORCE_SIGNAL, its supervisor's relay of a forced stop."""
+    A worker drains on every SIGTERM and forces on FORCE_SIGNAL alone, its supervisor's relay
+    of a forced stop: a SIGTERM sent to the whole process group (systemd's default) reaches a
+    worker once from its sender and once relayed, which is still a drain."""
 
     def __init__(self, shutdown: Shutdown) -> None:
         self._shutdown = shutdown
         self._received = 0
+        self._counted = True  # a second SIGTERM forces (not in a worker)
 
     def install(self, *, interrupt: bool = True) -> None:
         """`interrupt=False` (a worker): SIGINT is ignored, the supervisor relays Ctrl+C, and
@@ -188,11 +191,12 @@ class StopSignals:
                 continue
             loop.add_signal_handler(sig, self.handle, sig)
         if not interrupt:
+            self._counted = False
             loop.add_signal_handler(FORCE_SIGNAL, self.force, FORCE_SIGNAL)
 
     def handle(self, sig: signal.Signals) -> None:
         self._received += 1
-        force = self._received > 1
+        force = self._counted and self._received > 1
         logger.info("%s: %s", sig.name, "forcing the stop" if force else "draining")
         self._shutdown.request(force=force)
 

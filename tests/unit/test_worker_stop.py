@@ -127,3 +127,28 @@ def test_a_worker_forces_on_its_supervisors_force_signal() -> None:
     assert shutdown.requested.is_set()
     assert not shutdown.lifecycle.lame_duck
     assert shutdown.lifecycle.state is State.DRAINING
+
+
+def test_a_worker_drains_on_every_sigterm() -> None:
+    """A SIGTERM to the whole process group reaches a worker from its sender and again from
+    its supervisor's relay: two SIGTERMs there still drain; only FORCE_SIGNAL forces."""
+    interrupt = signal.getsignal(signal.SIGINT)
+
+    async def two_sigterms() -> Shutdown:
+        shutdown = Shutdown(Lifecycle(), drain_delay_s=5.0)
+        shutdown.lifecycle.ready()
+        loop = asyncio.get_running_loop()
+        stops = StopSignals(shutdown)
+        stops.install(interrupt=False)
+        try:
+            stops.handle(signal.SIGTERM)
+            stops.handle(signal.SIGTERM)
+            await asyncio.sleep(0)
+        finally:
+            for sig in (signal.SIGTERM, FORCE_SIGNAL):
+                loop.remove_signal_handler(sig)
+            signal.signal(signal.SIGINT, interrupt)
+        return shutdown
+
+    shutdown = asyncio.run(two_sigterms())
+    assert shutdown.requested.is_set() and not shutdown.forced.is_set()
