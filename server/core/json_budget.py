@@ -44,7 +44,7 @@ def fit_schema(schema: JsonSchema, budget: int) -> tuple[JsonSchema, bool]:
     the tightest copy (or the schema itself) comes back with False."""
     tightest: JsonSchema = schema
     try:
-        inlined = inline_definitions(schema)
+        inlined = inline_definitions(schema) if DEFINITIONS_KEYS & schema.keys() else schema
     except Unbounded:
         return schema, False
     for optional in (True, False):  # at last, objects keep only their required properties
@@ -60,6 +60,7 @@ def fit_schema(schema: JsonSchema, budget: int) -> tuple[JsonSchema, bool]:
 
 
 DEFINITIONS = ("$defs", "definitions")
+DEFINITIONS_KEYS = frozenset(DEFINITIONS)
 MAX_INLINED = 4096  # subschemas an inlined copy may have (references can multiply them)
 # where a keyword holds subschemas: one, a list of them, or a name → subschema mapping
 _ONE = frozenset({"items", "additionalProperties", "not", "if", "then", "else", "contains"})
@@ -100,12 +101,10 @@ class _Inliner:
             target = self._defs.get(ref) if isinstance(ref, str) else None
             if not isinstance(target, dict) or ref in seen:
                 raise Unbounded(f"the reference {ref!r}")
-            rest = {key: value for key, value in node.items() if key != "$ref"}
-            return self.schema({**target, **rest}, seen | {ref})
+            return self.schema(_merged(target, node, "$ref"), seen | {ref})
         all_of = node.get("allOf")
         if isinstance(all_of, list) and len(all_of) == 1 and isinstance(all_of[0], dict):
-            rest = {key: value for key, value in node.items() if key != "allOf"}
-            return self.schema({**all_of[0], **rest}, seen)
+            return self.schema(_merged(all_of[0], node, "allOf"), seen)
         return {key: self._keyword(key, value, seen) for key, value in node.items()}
 
     def _keyword(self, key: str, value: object, seen: frozenset[str]) -> Any:
@@ -116,6 +115,19 @@ class _Inliner:
         if key in _MAP and isinstance(value, dict):
             return {name: self.schema(item, seen) for name, item in value.items()}
         return value  # data (enum, const, default, ...) or an annotation
+
+
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "deprecated"})
+
+
+def _merged(target: JsonSchema, node: JsonSchema, by: str) -> JsonSchema:
+    """`target` with `node`'s other keywords beside it. Both must hold: a keyword both give
+    differently (other than an annotation) would need them combined, which is not done here."""
+    rest = {key: value for key, value in node.items() if key != by}
+    for key, value in rest.items():
+        if key in target and target[key] != value and key not in ANNOTATIONS:
+            raise Unbounded(f"`{key}` beside {by}")
+    return {**target, **rest}
 
 
 def worst_size(schema: JsonSchema) -> int:

@@ -184,3 +184,21 @@ def test_references_that_cannot_be_inlined_leave_the_schema_as_it_was(
     schema: dict[str, Any],
 ) -> None:
     assert fit_schema(schema, 1000) == (schema, False)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$defs": {"A": {"type": "integer", "maximum": 5}},
+         "type": "object", "properties": {"a": {"allOf": [{"$ref": "#/$defs/A"}],
+                                                 "maximum": 100}}, "required": ["a"]},
+        {"$defs": {"A": {"type": "object", "properties": {"x": {"type": "string"}},
+                         "required": ["x"]}},
+         "$ref": "#/$defs/A", "required": []},
+    ],
+)
+def test_a_keyword_beside_a_reference_that_differs_from_its_definition_is_not_merged(
+    schema: dict[str, Any],
+) -> None:
+    """Both must hold: taking one of the two would admit values the schema refuses."""
+    assert fit_schema(schema, 1000) == (schema, False)
