@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pydantic_core
+
 from protocols.anthropic import schema
 from protocols.common.bounds import bounded_max_tokens, stop_strings
 from protocols.common.budget import VLLM_CUTS
@@ -314,10 +316,12 @@ def stop_reason(
 
 
 def tool_input(arguments: str) -> JSON:
-    """A call's arguments as the object `input` is (an unreadable auto-parsed call: {})."""
+    """A call's arguments as the object `input` is: a call cut off is read as far as it goes,
+    as the SDK reads a streamed one (jiter's partial mode: an unfinished string is left out);
+    an unreadable auto-parsed call is {}."""
     try:
-        value = jsonio.loads(arguments or "{}")
-    except jsonio.JSONDecodeError:
+        value = pydantic_core.from_json(arguments or "{}", allow_partial=True)
+    except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
 
@@ -347,7 +351,8 @@ def message_response(result: GenerationResult, view: ReplyView, reader: ChoiceRe
     # a call cut off by max_tokens stays, incomplete, as the stream shows it and as Anthropic's
     # API answers it ("Handling stop reasons": retry with a higher max_tokens)
     parsed = reader.whole(
-        choice.text, choice.token_ids, result.prompt.prompt_token_ids, unfinished=True
+        choice.text, choice.token_ids, result.prompt.prompt_token_ids,
+        unfinished=choice.finish_reason is FinishReason.LENGTH,
     )
     reason, sequence = stop_reason(
         choice.finish_reason, choice.matched_stop, called=reader.called, view=view
