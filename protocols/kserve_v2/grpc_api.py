@@ -32,6 +32,7 @@ from protocols.kserve_v2.models import (
     model_metadata,
     repository_index,
     resolve_model,
+    served_model_names,
     server_metadata,
 )
 from protocols.kserve_v2.routes import target_for
@@ -116,14 +117,14 @@ class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
         if request.name:
             names = [(await self._model(request.name, request.version, context)).name]
         else:
-            names = self._model_names()
+            names = served_model_names(self.service)
         return _proto(
             await self.stats.to_json(names, MODEL_VERSION), service_pb2.ModelStatisticsResponse()
         )
 
     async def RepositoryIndex(self, request: Any, context: Context) -> Any:
         index = repository_index(
-            self._model_names(), accepting=self.service.lifecycle.accepting,
+            served_model_names(self.service), accepting=self.service.lifecycle.accepting,
             ready_only=request.ready,
         )
         return service_pb2.RepositoryIndexResponse(
@@ -216,9 +217,6 @@ class TritonGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore
         if isinstance(exc, ServiceUnavailable) and self.service.lifecycle.state is State.DRAINING:
             return ServiceUnavailable(SHUTTING_DOWN)
         return exc
-
-    def _model_names(self) -> list[str]:
-        return [self.service.served_name, *self.service.adapters.names()]
 
     def _model_ref(self, name: str, version: str) -> ModelRef:
         return resolve_model(

@@ -15,6 +15,7 @@ from typing import Any
 from protocols.kserve_v2 import tensors
 from server.core.errors import InvalidRequest, ModelNotFound
 from server.core.frozen import quick_init
+from server.core.service import InferenceService
 
 MODEL_VERSION = "1"
 PLATFORM = "vllm"
@@ -76,6 +77,11 @@ def resolve_model(
     if version and int(version) != int(MODEL_VERSION):
         raise ModelNotFound(f"Request for unknown model: '{name}' version {version} is not found")
     return ModelRef(name, None if name in base_names else name)
+
+
+def served_model_names(service: InferenceService) -> list[str]:
+    """Every Triton model served: the base model, then each registered adapter."""
+    return [service.served_name, *service.adapters.names()]
 
 
 def repository_index(

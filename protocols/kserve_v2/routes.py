@@ -25,6 +25,7 @@ from protocols.kserve_v2.models import (
     model_metadata,
     repository_index,
     resolve_model,
+    served_model_names,
     server_metadata,
 )
 from protocols.kserve_v2.schema import InferRequest
@@ -101,7 +102,8 @@ class KserveApi:
         return json_response(await self.stats.to_json([self.model(request).name], MODEL_VERSION))
 
     async def all_stats(self, request: Request) -> Answer:
-        return json_response(await self.stats.to_json(self._model_names(), MODEL_VERSION))
+        names = served_model_names(self.service)
+        return json_response(await self.stats.to_json(names, MODEL_VERSION))
 
     async def repository_index(self, request: Request) -> Answer:
         """Triton's body is optional: `{"ready": true}` lists only the ready models."""
@@ -113,12 +115,10 @@ class KserveApi:
         if not isinstance(ready, bool):
             raise InvalidRequest("Unable to parse 'ready': expected a boolean", param="ready")
         index = repository_index(
-            self._model_names(), accepting=self.service.lifecycle.accepting, ready_only=ready
+            served_model_names(self.service), accepting=self.service.lifecycle.accepting,
+            ready_only=ready,
         )
         return json_response(index)
-
-    def _model_names(self) -> list[str]:
-        return [self.service.served_name, *self.service.adapters.names()]
 
     async def slot_count(self, request: Request) -> Answer:
         """MindIE: slots are engine sequences; busy = admitted requests or engine sequences."""

@@ -28,7 +28,6 @@ from protocols.common.unserved import refuse_unserved
 from protocols.openai_v1 import schema, unserved
 from protocols.openai_v1.chat_replies import chat_logprob
 from protocols.openai_v1.errors import ResponseNotFound, status_and_type
-from protocols.openai_v1.replies import clamp_logprob
 from protocols.openai_v1.requests import TEXT_PART_TYPES, bounded_logprobs, logit_bias
 from protocols.openai_v1.structured import vllm_structured
 from server.core.engine import OutputParser
@@ -691,7 +690,8 @@ class ResponseEvents:
 
     def _logprobs(self, item: _Item, logprobs: Sequence[TokenLogprob]) -> list[JSON]:
         """A text delta's logprobs as the delta event carries them (no bytes), when asked;
-        the item keeps them whole for its part."""
+        the item keeps them whole for its part. As in vLLM, a delta's logprobs go out with the
+        text it yields: where a parser holds text back, the tokens' logprobs are not sent."""
         if self._call.request.output.logprobs is None:
             return []
         item.logprobs += [chat_logprob(lp) for lp in logprobs]
@@ -797,9 +797,9 @@ class ResponseEvents:
 
 
 def _stream_logprob(lp: TokenLogprob) -> JSON:
-    """`response.output_text.delta`'s logprob: token, logprob and alternatives, no bytes."""
-    return {
-        "token": lp.token,
-        "logprob": clamp_logprob(lp.logprob),
-        "top_logprobs": [{"token": t.token, "logprob": clamp_logprob(t.logprob)} for t in lp.top],
-    }
+    """`response.output_text.delta`'s logprob: the text part's, without the bytes."""
+    entry = chat_logprob(lp)
+    del entry["bytes"]
+    for top in entry["top_logprobs"]:
+        del top["bytes"]
+    return entry
