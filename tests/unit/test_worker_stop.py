@@ -8,7 +8,7 @@ import os
 import shutil
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,26 +104,37 @@ def test_the_supervisor_relays_each_stop_level_once_to_every_live_worker(
     assert sent == [(pid, sig) for sig in relayed for pid in (101, 102)]
 
 
-def test_a_worker_forces_on_its_supervisors_force_signal() -> None:
-    """A worker's first signal from its supervisor may be the forced stop: no lame-duck
-    period, in-flight requests aborted (`forced`), as a second SIGTERM does."""
+def in_a_worker(signals: Callable[[StopSignals, Shutdown], Awaitable[None]]) -> Shutdown:
+    """A ready worker's shutdown after `signals` (with its stop signals installed as a worker
+    installs them, and removed after)."""
     interrupt = signal.getsignal(signal.SIGINT)
 
-    async def forced_by_the_signal() -> Shutdown:
+    async def run() -> Shutdown:
         shutdown = Shutdown(Lifecycle(), drain_delay_s=5.0)
         shutdown.lifecycle.ready()
         loop = asyncio.get_running_loop()
-        StopSignals(shutdown).install(interrupt=False)
+        stops = StopSignals(shutdown)
+        stops.install(interrupt=False)
         try:
-            os.kill(os.getpid(), FORCE_SIGNAL)
-            await asyncio.wait_for(shutdown.forced.wait(), 10.0)
+            await signals(stops, shutdown)
         finally:
             for sig in (signal.SIGTERM, FORCE_SIGNAL):
                 loop.remove_signal_handler(sig)
             signal.signal(signal.SIGINT, interrupt)
         return shutdown
 
-    shutdown = asyncio.run(forced_by_the_signal())
+    return asyncio.run(run())
+
+
+def test_a_worker_forces_on_its_supervisors_force_signal() -> None:
+    """A worker's first signal from its supervisor may be the forced stop: no lame-duck
+    period, in-flight requests aborted (`forced`), as a second SIGTERM does."""
+
+    async def forced_by_the_signal(stops: StopSignals, shutdown: Shutdown) -> None:
+        os.kill(os.getpid(), FORCE_SIGNAL)
+        await asyncio.wait_for(shutdown.forced.wait(), 10.0)
+
+    shutdown = in_a_worker(forced_by_the_signal)
     assert shutdown.requested.is_set()
     assert not shutdown.lifecycle.lame_duck
     assert shutdown.lifecycle.state is State.DRAINING
@@ -132,23 +143,11 @@ def test_a_worker_forces_on_its_supervisors_force_signal() -> None:
 def test_a_worker_drains_on_every_sigterm() -> None:
     """A SIGTERM to the whole process group reaches a worker from its sender and again from
     its supervisor's relay: two SIGTERMs there still drain; only FORCE_SIGNAL forces."""
-    interrupt = signal.getsignal(signal.SIGINT)
 
-    async def two_sigterms() -> Shutdown:
-        shutdown = Shutdown(Lifecycle(), drain_delay_s=5.0)
-        shutdown.lifecycle.ready()
-        loop = asyncio.get_running_loop()
-        stops = StopSignals(shutdown)
-        stops.install(interrupt=False)
-        try:
-            stops.handle(signal.SIGTERM)
-            stops.handle(signal.SIGTERM)
-            await asyncio.sleep(0)
-        finally:
-            for sig in (signal.SIGTERM, FORCE_SIGNAL):
-                loop.remove_signal_handler(sig)
-            signal.signal(signal.SIGINT, interrupt)
-        return shutdown
+    async def two_sigterms(stops: StopSignals, shutdown: Shutdown) -> None:
+        stops.handle(signal.SIGTERM)
+        stops.handle(signal.SIGTERM)
+        await asyncio.sleep(0)
 
-    shutdown = asyncio.run(two_sigterms())
+    shutdown = in_a_worker(two_sigterms)
     assert shutdown.requested.is_set() and not shutdown.forced.is_set()
