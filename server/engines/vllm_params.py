@@ -46,7 +46,7 @@ def _sampling_kwargs(sampling: Sampling, max_tokens: int) -> dict[str, Any]:
         "n": sampling.n,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
-        "top_k": max(sampling.top_k, 0),  # vLLM 0.32: 0 disables top-k
+        "top_k": _top_k(sampling.top_k),
         "min_p": sampling.min_p,
         "seed": sampling.seed,
         "repetition_penalty": sampling.repetition_penalty,
@@ -66,6 +66,16 @@ def _sampling_kwargs(sampling: Sampling, max_tokens: int) -> dict[str, Any]:
         "thinking_token_budget": sampling.thinking_token_budget,
         "structured_outputs": _structured_outputs(sampling.structured, max_tokens),
     }
+
+
+NO_VOCABULARY_THIS_LARGE = 2**31  # a top_k at least this is every token: no top-k at all
+
+
+def _top_k(top_k: int) -> int:
+    """vLLM 0.32: 0 disables top-k, and the engine treats a top_k past the vocabulary so too;
+    one of 2**64 or more would not even reach it (the engine core's msgpack stops at 64 bits:
+    the request failed with a 500)."""
+    return top_k if 0 < top_k < NO_VOCABULARY_THIS_LARGE else 0
 
 
 def _structured_outputs(
