@@ -694,8 +694,9 @@ class ResponseEvents:
         text it yields: where a parser holds text back, the tokens' logprobs are not sent."""
         if self._call.request.output.logprobs is None:
             return []
-        item.logprobs += [chat_logprob(lp) for lp in logprobs]
-        return [_stream_logprob(lp) for lp in logprobs]
+        whole = [chat_logprob(lp) for lp in logprobs]
+        item.logprobs += whole
+        return [_without_bytes(entry) for entry in whole]
 
     def _call_piece(self, piece: ToolCallPiece) -> bytes:
         out = b""
@@ -796,10 +797,12 @@ class ResponseEvents:
         return b"event: " + kind.encode() + b"\ndata: " + jsonio.dumps(payload) + b"\n\n"
 
 
-def _stream_logprob(lp: TokenLogprob) -> JSON:
-    """`response.output_text.delta`'s logprob: the text part's, without the bytes."""
-    entry = chat_logprob(lp)
-    del entry["bytes"]
-    for top in entry["top_logprobs"]:
-        del top["bytes"]
-    return entry
+def _without_bytes(entry: JSON) -> JSON:
+    """`response.output_text.delta`'s logprob: the text part's `entry`, without the bytes."""
+    return {
+        "token": entry["token"],
+        "logprob": entry["logprob"],
+        "top_logprobs": [
+            {"token": top["token"], "logprob": top["logprob"]} for top in entry["top_logprobs"]
+        ],
+    }
