@@ -44,7 +44,7 @@ def fit_schema(schema: JsonSchema, budget: int) -> tuple[JsonSchema, bool]:
     the tightest copy (or the schema itself) comes back with False."""
     tightest: JsonSchema = schema
     try:
-        inlined = inline_definitions(schema) if DEFINITIONS_KEYS & schema.keys() else schema
+        inlined = inline_definitions(schema) if DEFINITIONS & schema.keys() else schema
     except Unbounded:
         return schema, False
     for optional in (True, False):  # at last, objects keep only their required properties
@@ -59,8 +59,7 @@ def fit_schema(schema: JsonSchema, budget: int) -> tuple[JsonSchema, bool]:
     return tightest, False
 
 
-DEFINITIONS = ("$defs", "definitions")
-DEFINITIONS_KEYS = frozenset(DEFINITIONS)
+DEFINITIONS = frozenset({"$defs", "definitions"})
 MAX_INLINED = 4096  # subschemas an inlined copy may have (references can multiply them)
 # where a keyword holds subschemas: one, a list of them, or a name → subschema mapping
 _ONE = frozenset({"items", "additionalProperties", "not", "if", "then", "else", "contains"})
