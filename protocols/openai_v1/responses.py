@@ -622,6 +622,7 @@ class ResponseEvents:
         self._max_tokens: int | None = None
         self._prompt_ids: tuple[int, ...] | None = None
         self._finish = "stop"
+        self._unsent: list[TokenLogprob] = []  # logprobs of tokens whose text is not out yet
 
     # -- StreamFormat --
 
@@ -656,12 +657,14 @@ class ResponseEvents:
             assert delta.finish is not None
             self._finish = delta.finish.value
         parsed = self._parse(delta, finished)
+        self._unsent += delta.logprobs
         out = b""
         if parsed is not None:
             if parsed.reasoning:
                 out += self._text("reasoning", parsed.reasoning)
             if parsed.content:
-                out += self._text("message", parsed.content, delta.logprobs)
+                out += self._text("message", parsed.content, self._unsent)
+                self._unsent = []
             for piece in parsed.tool_calls:
                 out += self._call_piece(piece)
         return out
@@ -690,8 +693,9 @@ class ResponseEvents:
 
     def _logprobs(self, item: _Item, logprobs: Sequence[TokenLogprob]) -> list[JSON]:
         """A text delta's logprobs as the delta event carries them (no bytes), when asked;
-        the item keeps them whole for its part. As in vLLM, a delta's logprobs go out with the
-        text it yields: where a parser holds text back, the tokens' logprobs are not sent."""
+        the item keeps them whole for its part. Tokens whose text was held back (an unfinished
+        character, a parser's look-ahead) go out with the next text, so the stream carries
+        the whole answer's logprobs, as the non-streamed part does."""
         if self._call.request.output.logprobs is None:
             return []
         whole = [chat_logprob(lp) for lp in logprobs]

@@ -270,6 +270,27 @@ def test_responses_text_and_stream_agree(client: OpenAI) -> None:
     assert text == whole.output_text == events[-1].response.output_text
 
 
+def test_responses_logprobs_and_vllm_extras_on_the_engine(client: OpenAI) -> None:
+    """vLLM applies `ignore_eos` and friends on Responses and returns the text's logprobs
+    with `include`; an adapter, so the LoRA path runs them too."""
+    asked: dict[str, Any] = {
+        "model": "a1", "input": "Hello", "max_output_tokens": 12, "temperature": 0,
+        "include": ["message.output_text.logprobs"], "top_logprobs": 2,
+        "extra_body": {"ignore_eos": True, "seed": 7},
+    }
+    whole = client.responses.create(**asked)
+    assert whole.usage is not None and whole.usage.output_tokens == 12  # never an early EOS
+    part = whole.output[0].content[0]  # type: ignore[union-attr]
+    assert part.logprobs is not None and len(part.logprobs) == 12  # type: ignore[union-attr]
+    for entry in part.logprobs:  # type: ignore[union-attr]
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 2
+    assert whole.top_logprobs == 2
+    events = list(client.responses.create(**asked, stream=True))
+    streamed = [lp.token for e in events if e.type == "response.output_text.delta"
+                for lp in e.logprobs]
+    assert streamed == [lp.token for lp in part.logprobs]  # type: ignore[union-attr]
+
+
 def test_responses_adapter_is_selected_and_echoed(client: OpenAI) -> None:
     base = client.responses.create(model="tiny", input="Hello", max_output_tokens=6, **R_GREEDY)
     lora = client.responses.create(model="a2", input="Hello", max_output_tokens=6, **R_GREEDY)
