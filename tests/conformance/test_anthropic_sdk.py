@@ -165,6 +165,31 @@ def test_a_forced_tool_call_always_validates(client: anthropic.Anthropic, choice
     ]
 
 
+def test_a_forced_call_cut_by_max_tokens_is_one_incomplete_tool_use_streamed_or_not(
+    client: anthropic.Anthropic,
+) -> None:
+    """Anthropic answers an incomplete `tool_use` block under `max_tokens`, its input read as
+    far as it goes, as the SDK's stream helper reads it."""
+    cut = 0
+    for max_tokens in (30, 36, 42):
+        asked: dict[str, Any] = {
+            "model": "tiny", "messages": ROUND_TRIP[:1], "tools": TOOLS,
+            "tool_choice": {"type": "any"}, "max_tokens": max_tokens,
+            "extra_body": {"temperature": 0},
+        }
+        message = client.messages.create(**asked)
+        with client.messages.stream(**asked) as stream:
+            final = stream.get_final_message()
+        assert message.stop_reason == final.stop_reason
+        blocks = [(b.type, getattr(b, "name", None), getattr(b, "input", None))
+                  for b in message.content]
+        assert blocks == [(b.type, getattr(b, "name", None), getattr(b, "input", None))
+                          for b in final.content]
+        if message.stop_reason == "max_tokens" and blocks[-1][0] == "tool_use":
+            cut += 1
+    assert cut, "no limit cut a call: the test asks too much of the demo model"
+
+
 def test_a_tool_result_round_trip_is_the_chat_conversation(
     client: anthropic.Anthropic, chat: OpenAI
 ) -> None:
