@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from starlette.responses import PlainTextResponse, Response
-from starlette.types import Scope
 
 import protocols
 from server import __version__
@@ -38,7 +36,12 @@ from server.core.peers import Peers
 from server.core.service import InferenceService
 from server.core.stream import RequestObserver
 from server.engines.lora_merge import NumpyComposer
-from server.http.app import Fallback, ListenerApp
+from server.http.app import (
+    Fallback,
+    ListenerApp,
+    fastapi_method_not_allowed,
+    fastapi_not_found,
+)
 from server.http.auth import Keyring
 from server.http.context import ConfigFacts, ProtocolContext, RequestBounds, ServerPort
 from server.http.router import Router
@@ -225,14 +228,15 @@ def starting_answers(roles: tuple[str, ...]) -> StartingAnswers:
 
 def _fallback(roles: tuple[str, ...]) -> Fallback:
     """What answers for paths no route serves: on a data listener as the first protocol and
-    Starlette's plain texts (as before: clients of every protocol see the same 404); else the
-    spec that declares how the management and metrics listeners answer (`unrouted`)."""
+    vLLM's (FastAPI's) `{"detail": ...}` 404 and 405 (clients of every protocol see the same
+    answer); else the spec that declares how the management and metrics listeners answer
+    (`unrouted`)."""
     if DATA in roles:
         return Fallback(
             render=protocols.REGISTRY[0].render,
             access=Access.DATA,
-            not_found=_plain_not_found,
-            method_not_allowed=_plain_method_not_allowed,
+            not_found=fastapi_not_found,
+            method_not_allowed=fastapi_method_not_allowed,
         )
     unrouted = _unrouted()
     return Fallback(
@@ -244,25 +248,16 @@ def _fallback(roles: tuple[str, ...]) -> Fallback:
 
 
 def _unrouted() -> Unrouted:
-    """The one spec's answer on the management and metrics listeners, else plain texts."""
+    """The one spec's answer on the management and metrics listeners, else the data
+    listener's."""
     declared = [spec.unrouted for spec in protocols.REGISTRY if spec.unrouted is not None]
     assert len(declared) <= 1, "one protocol answers for the management listeners"
     if declared:
         return declared[0]
     return Unrouted(
         render=protocols.REGISTRY[0].render,
-        not_found=_plain_not_found,
-        method_not_allowed=_plain_method_not_allowed,
-    )
-
-
-def _plain_not_found(scope: Scope) -> Response:
-    return PlainTextResponse("Not Found", status_code=404)
-
-
-def _plain_method_not_allowed(allowed: tuple[str, ...]) -> Response:
-    return PlainTextResponse(
-        "Method Not Allowed", status_code=405, headers={"Allow": ", ".join(allowed)}
+        not_found=fastapi_not_found,
+        method_not_allowed=fastapi_method_not_allowed,
     )
 
 

@@ -30,7 +30,7 @@ from starlette.types import Message, Receive, Scope, Send
 from server.core.errors import Unauthorized
 from server.core.overhead import EngineWait, engine_wait_var
 from server.http.auth import Keyring, presented_key
-from server.http.body import too_large
+from server.http.body import JsonResponse, too_large
 from server.http.context import (
     ADMIN_KEY,
     CLIENT_ID_KEY,
@@ -64,6 +64,19 @@ class Fallback:
     access: Access  # who may learn that a path does not exist
     not_found: Callable[[Scope], Response]
     method_not_allowed: Callable[[tuple[str, ...]], Response]
+
+
+def fastapi_not_found(scope: Scope) -> Response:
+    """vLLM's answer for a path no route serves: FastAPI's default handler of the 404 that
+    Starlette's router raises (vLLM registers its own error shape only for FastAPI's subclass)."""
+    return JsonResponse(b'{"detail":"Not Found"}', 404)
+
+
+def fastapi_method_not_allowed(allowed: tuple[str, ...]) -> Response:
+    """vLLM's answer for a known path and another method (FastAPI's default handler)."""
+    return JsonResponse(
+        b'{"detail":"Method Not Allowed"}', 405, headers={"Allow": ", ".join(allowed)}
+    )
 
 
 class ListenerApp:

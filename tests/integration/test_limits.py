@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -191,6 +192,37 @@ def test_garbage_request_line_is_400_and_serving_continues(limited: RunningServe
         answer = raw_exchange(limited.data_port, junk, read_timeout=10)
         assert answer == b"" or answer[9:10] == b"4", answer[:60]
     assert_serving_and_idle(limited)
+
+
+# ---- paths no route serves ---------------------------------------------------------------------
+def test_unknown_paths_and_wrong_methods_answer_as_vllm_does(limited: RunningServer) -> None:
+    """The data listener answers `{"detail": ...}` JSON as vLLM does, which the OpenAI SDK reads
+    as the error body; the management and metrics listeners keep MindIE's envelope."""
+    with httpx.Client(base_url=limited.url, timeout=30) as http:
+        missing = http.get("/nope")
+        wrong = http.get("/v1/completions")
+        slash = http.post("/v1/completions/", json={})
+    assert (missing.status_code, missing.json()) == (404, {"detail": "Not Found"})
+    assert missing.headers["content-type"] == "application/json"
+    assert (wrong.status_code, wrong.json()) == (405, {"detail": "Method Not Allowed"})
+    assert wrong.headers["allow"] == "POST"
+    assert slash.status_code == 307 and slash.headers["location"].endswith("/v1/completions")
+    with openai.OpenAI(base_url=f"{limited.url}/v1", api_key="EMPTY", max_retries=0) as sdk:
+        with pytest.raises(openai.NotFoundError) as not_found:
+            sdk.get("/nope", cast_to=object)
+        with pytest.raises(openai.APIStatusError) as not_allowed:
+            sdk.post("/models", cast_to=object)
+    assert not_found.value.status_code == 404
+    assert not_found.value.body == {"detail": "Not Found"}
+    assert not_allowed.value.status_code == 405
+    assert not_allowed.value.body == {"detail": "Method Not Allowed"}
+    with management_client(limited, timeout=30) as mgmt:
+        control = mgmt.get("/nope")
+    metrics = httpx.get(f"{limited.metrics_url}/nope", timeout=30)
+    for answer in (control, metrics):
+        assert answer.status_code == 404
+        assert answer.json() == {"error": "No route /nope on this listener.",
+                                 "error_type": "NotFoundError"}
 
 
 # ---- slow requests (B.7 #8) --------------------------------------------------------------------

@@ -7,12 +7,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from starlette.responses import PlainTextResponse
 from starlette.types import Scope
 
 from server.engines.fake import FakeEngine, FakeScript
 from server.gateway import Gateway, build_gateway
-from server.http.app import Fallback, ListenerApp
+from server.http.app import (
+    Fallback,
+    ListenerApp,
+    fastapi_method_not_allowed,
+    fastapi_not_found,
+)
 from server.http.auth import Keyring
 from server.http.router import Router
 from server.http.routes import Access, Route
@@ -66,8 +70,8 @@ def routes_app(routes: Sequence[Route], *, max_body_bytes: int = 1 << 20) -> Lis
         Fallback(
             render=routes[0].render,
             access=Access.DATA,
-            not_found=lambda scope: PlainTextResponse("Not Found", 404),
-            method_not_allowed=lambda allowed: PlainTextResponse("Method Not Allowed", 405),
+            not_found=fastapi_not_found,
+            method_not_allowed=fastapi_method_not_allowed,
         ),
         max_body_bytes=max_body_bytes,
         keyring=Keyring(),

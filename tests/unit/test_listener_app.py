@@ -73,18 +73,46 @@ def test_every_listener_of_the_real_registry_builds_without_clashes() -> None:
 
 
 # ---- answers for what no route serves ---------------------------------------------------------
-async def test_unknown_path_and_method_on_the_data_listener_are_plain_404_and_405() -> None:
+@pytest.mark.parametrize("method", ["GET", "POST", "DELETE"])
+async def test_an_unknown_path_on_the_data_listener_is_vllms_json_404(method: str) -> None:
+    """vLLM's FastAPI app: Starlette's router raises its 404, FastAPI's default handler answers
+    `{"detail": "Not Found"}` (vLLM's own error shape is registered for FastAPI's subclass)."""
     async with client(make_gateway(), "data") as http:
-        missing = await http.get("/nope")
-        wrong = await http.get("/v1/completions")
+        for path in ("/nope", "/v1/nope", "/v2/models/tiny/nope", "/v1/completions/x"):
+            missing = await http.request(method, path)
+            assert missing.status_code == 404, path
+            assert missing.headers["content-type"] == "application/json"
+            assert missing.content == b'{"detail":"Not Found"}'
+            assert "allow" not in missing.headers
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [("GET", "/v1/completions", "POST"), ("DELETE", "/v1/chat/completions", "POST"),
+     ("PUT", "/v1/models", "GET, HEAD"), ("POST", "/v1/responses/resp_1", "GET, HEAD"),
+     ("PATCH", "/generate", "POST")],
+)
+async def test_a_wrong_method_on_the_data_listener_is_vllms_json_405_with_allow(
+    method: str, path: str, allow: str
+) -> None:
+    async with client(make_gateway(), "data") as http:
+        wrong = await http.request(method, path)
+    assert wrong.status_code == 405
+    assert wrong.headers["content-type"] == "application/json"
+    assert wrong.content == b'{"detail":"Method Not Allowed"}'
+    assert wrong.headers["allow"] == allow  # the gateway serves HEAD wherever it serves GET
+
+
+async def test_a_path_known_without_its_trailing_slash_redirects_as_starlettes_router() -> None:
+    async with client(make_gateway(), "data") as http:
         head = await http.head("/v1/models")
-        slash = await http.post("/v1/completions/", json={})
-    assert (missing.status_code, missing.text) == (404, "Not Found")
-    assert (wrong.status_code, wrong.text) == (405, "Method Not Allowed")
-    assert wrong.headers["allow"] == "POST"
+        slash = await http.post("/v1/completions/?x=1", json={})
+        unslashed = await http.get("/v2/health/live/")
     assert head.status_code == 200 and head.content == b""
-    assert slash.status_code == 307
-    assert slash.headers["location"].endswith("/v1/completions")
+    assert slash.status_code == 307 and slash.content == b""
+    assert slash.headers["location"] == "http://gateway/v1/completions?x=1"
+    assert unslashed.status_code == 307
+    assert unslashed.headers["location"] == "http://gateway/v2/health/live"
 
 
 @pytest.mark.parametrize("listener", ["management", "metrics"])
