@@ -29,7 +29,7 @@ class ReplyMeta:
     id: str
     created: int
     model: str
-    fingerprint: str | None = None  # `system_fingerprint` of a whole answer (vLLM: null)
+    fingerprint: str | None = None  # `system_fingerprint` (vLLM: null; TGI's on every chunk too)
 
 
 @quick_init
@@ -74,12 +74,15 @@ _TEXT_ONLY_TAIL = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n
 
 
 class ChunkWriter:
-    """Stream chunks share `id`, `object`, `created`, `model`: serialise that head once."""
+    """Stream chunks share `id`, `object`, `created`, `model`: serialise that head once. With a
+    fingerprint (model "tgi") every chunk carries `system_fingerprint` after `model`, as TGI's
+    router writes its chunks; other names get none (their whole answer's fingerprint is null)."""
 
     def __init__(self, meta: ReplyMeta, obj: str) -> None:
-        head = jsonio.dumps(
-            {"id": meta.id, "object": obj, "created": meta.created, "model": meta.model}
-        )
+        fields: JSON = {"id": meta.id, "object": obj, "created": meta.created, "model": meta.model}
+        if meta.fingerprint is not None:
+            fields["system_fingerprint"] = meta.fingerprint
+        head = jsonio.dumps(fields)
         self._prefix = head[:-1] + b',"choices":['
         self._text_heads: dict[int, bytes] = {}  # per choice: the SSE event up to its text
 

@@ -126,14 +126,26 @@ def test_text_generation_client_generate_and_stream_agree(tgi: Client) -> None:
     assert tokens[-1].details.finish_reason == response.details.finish_reason
 
 
-def test_text_generation_client_chat_parses_the_reply(tgi: Client, http: httpx.Client) -> None:
+def test_text_generation_client_chat_parses_the_reply(
+    tgi: Client, hub: InferenceClient, http: httpx.Client
+) -> None:
     """The client sends model "tgi" and types `system_fingerprint` a string (TGI's router
-    fills it); other clients get vLLM's null."""
+    fills it, on every streamed chunk too: read through the hub client, as text_generation's
+    own stream model wants a `tool_calls` key TGI's text chunks lack); other clients get vLLM's
+    null, and chunks without one."""
     reply = tgi.chat([Message(role="user", content=PROMPT)], max_tokens=4, temperature=0)
     assert reply.choices[0].message.content is not None and reply.usage["completion_tokens"] <= 4
     assert reply.system_fingerprint.endswith("-native")
+    chunks = list(hub.chat_completion([{"role": "user", "content": PROMPT}], model="tgi",
+                                      max_tokens=4, temperature=0, stream=True))
+    assert len(chunks) >= 2
+    assert all(chunk.system_fingerprint == reply.system_fingerprint for chunk in chunks)
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
+    assert streamed == reply.choices[0].message.content
     body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1}
     assert http.post("/v1/chat/completions", json=body).json()["system_fingerprint"] is None
+    vllm = http.post("/v1/chat/completions", json={**body, "stream": True})
+    assert "system_fingerprint" not in vllm.text
 
 
 def test_max_new_tokens_is_checked_as_tgis_router_does(

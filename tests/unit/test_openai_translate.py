@@ -8,6 +8,7 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from protocols.openai_v1.models import model_list
 from protocols.openai_v1.replies import ChunkWriter, ReplyMeta, StreamUsage
 from protocols.openai_v1.requests import chat_request, completion_requests
 from protocols.openai_v1.structured import to_structured
+from server import __version__
 from server.core.adapter_files import AdapterRules
 from server.core.adapters import AdapterLimits, AdapterRegistry
 from server.core.errors import (
@@ -66,7 +68,8 @@ from server.core.types import (
 from server.engines.fake import FakeEngine, FakeScript
 from server.http.context import ProtocolContext, RequestBounds
 from tests.unit.demo_kit import write_adapter
-from tests.unit.gateway_kit import routes_app
+from tests.unit.gateway_kit import client as gateway_client
+from tests.unit.gateway_kit import make_gateway, routes_app
 
 BOUNDS = RequestBounds(max_n=4, max_stop_sequences=2, max_logprobs=5, max_prompts=3)
 META = ReplyMeta(id="chatcmpl-abc", created=1730000000, model="a1")
@@ -705,6 +708,45 @@ def test_completion_stream_chunks_carry_vllms_fields() -> None:
             "usage": {"prompt_tokens": 1, "total_tokens": 3, "completion_tokens": 2},
         },
     ]
+
+
+TGI_META = ReplyMeta(id="chatcmpl-abc", created=1730000000, model="tiny",
+                     fingerprint="0.1.0-native")
+
+
+def test_chunks_for_model_tgi_carry_its_fingerprint_after_model_as_tgis_router() -> None:
+    """router/src/lib.rs `ChatCompletionChunk` and `Chunk` (completions): `system_fingerprint`
+    on every chunk, the usage chunk included; vLLM's chunks (other names) carry none."""
+    view = ChatView(meta=TGI_META, usage=StreamUsage(include=True))
+    raw = b"".join(ChatStreamEncoder(view).encode(e) for e in chat_events())
+    chunks = sse_payloads(raw)
+    assert len(chunks) == 4
+    assert all(c["system_fingerprint"] == "0.1.0-native" for c in chunks)
+    assert raw.count(b'"model":"tiny","system_fingerprint":"0.1.0-native","choices":[') == 4
+    cmpl = CompletionView(meta=replace(TGI_META, id="cmpl-abc"), usage=StreamUsage(include=True))
+    items = [Started(prompt_token_ids=(1,)), Delta(choice=0, text="x", token_ids=(3,)),
+             Delta(choice=0, text="y", token_ids=(4,), finish=FinishReason.LENGTH),
+             Done(usage=Usage(prompt_tokens=1, completion_tokens=2))]
+    completions = encode_all(CompletionStreamEncoder(cmpl), items)
+    assert [c["system_fingerprint"] for c in completions] == ["0.1.0-native"] * 3
+    plain = encode_all(ChatStreamEncoder(ChatView(meta=META)), chat_events())
+    assert not any("system_fingerprint" in c for c in plain)
+
+
+@pytest.mark.anyio
+async def test_the_gateway_streams_tgis_fingerprint_for_model_tgi_only() -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+    async with gateway_client(make_gateway(), "data") as http:
+        whole = await http.post("/v1/chat/completions", json={**body, "model": "tgi",
+                                                               "stream": False})
+        tgi = await http.post("/v1/chat/completions", json={**body, "model": "tgi"})
+        tiny = await http.post("/v1/chat/completions", json={**body, "model": "tiny"})
+    fingerprint = whole.json()["system_fingerprint"]
+    assert fingerprint == f"{__version__}-native"
+    *chunks, done = sse_payloads(tgi.content)
+    assert done == "[DONE]" and len(chunks) >= 2
+    assert all(chunk["system_fingerprint"] == fingerprint for chunk in chunks)
+    assert not any("system_fingerprint" in chunk for chunk in sse_payloads(tiny.content)[:-1])
 
 
 def test_completion_echo_without_generation_returns_prompt_only() -> None:
