@@ -7,7 +7,7 @@ cross-field rules are checked here, before the engine.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TypeVar, cast
+from typing import TypedDict, cast
 
 from protocols.common.bounds import bounded_max_tokens, stop_strings
 from protocols.common.budget import VLLM_CUTS
@@ -16,6 +16,7 @@ from protocols.common.tools import ToolPlan
 from protocols.common.unserved import refuse_unserved
 from protocols.openai_v1 import schema, tools, unserved
 from protocols.openai_v1.structured import to_structured
+from server.core.budget import BudgetPolicy
 from server.core.composition import merge_from_wire
 from server.core.errors import InvalidRequest, Unsupported
 from server.core.frozen import replaced
@@ -33,8 +34,6 @@ from server.core.types import (
     TokenPrompt,
 )
 from server.http.context import RequestBounds
-
-_T = TypeVar("_T")
 
 NO_DEFAULTS = SamplingDefaults()
 TEXT_PART_TYPES = frozenset({"text", "input_text"})
@@ -227,34 +226,75 @@ def to_sampling(
     bounds: RequestBounds,
     defaults: SamplingDefaults | None = None,
 ) -> Sampling:
-    """A field the request leaves out takes the model's default, else vLLM's neutral value."""
-    d = defaults or NO_DEFAULTS
     return Sampling(
         max_new_tokens=max_new_tokens,
         min_new_tokens=body.min_tokens,
-        temperature=_or(body.temperature, _or(d.temperature, 1.0)),
-        top_p=_or(body.top_p, _or(d.top_p, 1.0)),
-        top_k=_or(body.top_k, _or(d.top_k, 0)),
-        min_p=_or(body.min_p, _or(d.min_p, 0.0)),
-        seed=body.seed,
-        repetition_penalty=_or(body.repetition_penalty, _or(d.repetition_penalty, 1.0)),
-        presence_penalty=_or(body.presence_penalty, _or(d.presence_penalty, 0.0)),
-        frequency_penalty=_or(body.frequency_penalty, _or(d.frequency_penalty, 0.0)),
         n=body.n,
-        stop=stop_strings(body.stop, bounds),
-        stop_token_ids=tuple(body.stop_token_ids or ()),
-        ignore_eos=body.ignore_eos,
-        include_stop_str_in_output=body.include_stop_str_in_output,
-        skip_special_tokens=body.skip_special_tokens,
+        **vllm_knobs(body, defaults or NO_DEFAULTS, bounds),
         spaces_between_special_tokens=body.spaces_between_special_tokens,
-        logit_bias=logit_bias(body.logit_bias),
         allowed_token_ids=None if body.allowed_token_ids is None else tuple(body.allowed_token_ids),
         bad_words=tuple(body.bad_words),
         thinking_token_budget=_budget(body.thinking_token_budget),
         truncate_prompt_tokens=body.truncate_prompt_tokens,
         structured=to_structured(body),
-        budget=VLLM_CUTS,
     )
+
+
+class VllmKnobs(TypedDict):
+    """The `Sampling` fields chat, completions and the Responses API read alike from a body."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    seed: int | None
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    stop: tuple[str, ...]
+    stop_token_ids: tuple[int, ...]
+    ignore_eos: bool
+    include_stop_str_in_output: bool
+    skip_special_tokens: bool
+    logit_bias: tuple[tuple[int, float], ...]
+    budget: BudgetPolicy
+
+
+def vllm_knobs(
+    body: schema.SamplingFields | schema.ResponsesRequest,
+    defaults: SamplingDefaults,
+    bounds: RequestBounds,
+) -> VllmKnobs:
+    """OpenAI's sampling fields and vLLM's extras (`ignore_eos`, `stop_token_ids`, ...): a
+    field the request leaves out takes the model's default, else vLLM's neutral value. Callers
+    unpack it before their structured output: a body with several faults is refused for the
+    first of stop strings, `logit_bias`, structured output."""
+    d = defaults
+    return {
+        "temperature": _first(body.temperature, d.temperature, 1.0),
+        "top_p": _first(body.top_p, d.top_p, 1.0),
+        "top_k": int(_first(body.top_k, d.top_k, 0)),
+        "min_p": _first(body.min_p, d.min_p, 0.0),
+        "seed": body.seed,
+        "repetition_penalty": _first(body.repetition_penalty, d.repetition_penalty, 1.0),
+        "presence_penalty": _first(body.presence_penalty, d.presence_penalty, 0.0),
+        "frequency_penalty": _first(body.frequency_penalty, d.frequency_penalty, 0.0),
+        "stop": stop_strings(body.stop, bounds),
+        "stop_token_ids": tuple(body.stop_token_ids or ()),
+        "ignore_eos": body.ignore_eos,
+        "include_stop_str_in_output": body.include_stop_str_in_output,
+        "skip_special_tokens": body.skip_special_tokens,
+        "logit_bias": logit_bias(body.logit_bias),
+        "budget": VLLM_CUTS,
+    }
+
+
+def _first(value: float | None, default: float | None, neutral: float) -> float:
+    """A model default as a float (a body's floats are floats): the Responses API echoes the
+    sampling it ran with."""
+    if value is not None:
+        return value
+    return neutral if default is None else float(default)
 
 
 def _budget(thinking_token_budget: int | None) -> int | None:
@@ -364,7 +404,3 @@ def bounded_logprobs(requested: int, bounds: RequestBounds, param: str) -> int:
             param=param,
         )
     return requested
-
-
-def _or(value: _T | None, default: _T) -> _T:
-    return default if value is None else value

@@ -20,15 +20,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from protocols.common.bounds import stop_strings
-from protocols.common.budget import VLLM_CUTS
 from protocols.common.chat import response_model, template_kwargs, with_effort
 from protocols.common.tools import ChoiceReader, Function, Mode, ToolPlan, check_parameters
 from protocols.common.unserved import refuse_unserved
 from protocols.openai_v1 import schema, unserved
 from protocols.openai_v1.chat_replies import chat_logprob
 from protocols.openai_v1.errors import ResponseNotFound, status_and_type
-from protocols.openai_v1.requests import TEXT_PART_TYPES, bounded_logprobs, logit_bias
+from protocols.openai_v1.requests import TEXT_PART_TYPES, bounded_logprobs, vllm_knobs
 from protocols.openai_v1.structured import vllm_structured
 from server.core.engine import OutputParser
 from server.core.errors import GatewayError, InvalidRequest, Unsupported
@@ -209,7 +207,6 @@ def _check_unsupported(body: schema.ResponsesRequest) -> None:
 
 
 def _sampling(body: schema.ResponsesRequest, plan: ToolPlan, facts: ServerFacts) -> Sampling:
-    d = facts.defaults
     cap = facts.bounds.max_new_tokens
     if body.max_output_tokens is not None and cap is not None and body.max_output_tokens > cap:
         raise InvalidRequest(
@@ -218,22 +215,8 @@ def _sampling(body: schema.ResponsesRequest, plan: ToolPlan, facts: ServerFacts)
         )
     return Sampling(
         max_new_tokens=body.max_output_tokens,
-        temperature=_first(body.temperature, d.temperature, 1.0),
-        top_p=_first(body.top_p, d.top_p, 1.0),
-        top_k=int(_first(body.top_k, d.top_k, 0)),
-        min_p=_first(body.min_p, d.min_p, 0.0),
-        repetition_penalty=_first(body.repetition_penalty, d.repetition_penalty, 1.0),
-        presence_penalty=_first(body.presence_penalty, d.presence_penalty, 0.0),
-        frequency_penalty=_first(body.frequency_penalty, d.frequency_penalty, 0.0),
-        seed=body.seed,
-        stop=stop_strings(body.stop, facts.bounds),
-        stop_token_ids=tuple(body.stop_token_ids or ()),
-        ignore_eos=body.ignore_eos,
-        include_stop_str_in_output=body.include_stop_str_in_output,
-        skip_special_tokens=body.skip_special_tokens,
-        logit_bias=logit_bias(body.logit_bias),
+        **vllm_knobs(body, facts.defaults, facts.bounds),
         structured=plan.structured() if plan.forced else _constraint(body),
-        budget=VLLM_CUTS,
     )
 
 
@@ -247,10 +230,6 @@ def _constraint(body: schema.ResponsesRequest) -> StructuredOutput | None:
             )
         return vllm_structured(body.structured_outputs)
     return _text_format(body.text)
-
-
-def _first(*values: float | None) -> float:
-    return next(float(v) for v in values if v is not None)
 
 
 def _text_format(text: schema.ResponseText | None) -> StructuredOutput | None:
