@@ -278,6 +278,8 @@ class OwnerLink:
                 await asyncio.sleep(0.1)
         self._reader_task = asyncio.create_task(self._read(reader))
         await self._first_view.wait()
+        if self._version < 0:  # set by `_lose`: the owner left before its first view
+            raise ServiceUnavailable("the adapter registry's owner went away while starting")
 
     async def ask_owner(self, op: str, args: tuple[Any, ...]) -> list[Any]:
         """Every other worker's answer to a peer operation (the owner relays it)."""
@@ -345,6 +347,7 @@ class OwnerLink:
         fails), rather than let them wait for ever."""
         if self._writer is not None:
             self._writer.close()
+        self._first_view.set()  # `connect` waits for it no longer
         for reply in self._calls.values():
             if not reply.done():
                 reply.set_result((False, _unreachable()))

@@ -258,3 +258,20 @@ async def test_calls_after_the_owner_went_away_fail_at_once(
         with pytest.raises(ServiceUnavailable, match="the adapter registry is not reachable"):
             await asyncio.wait_for(call, 10.0)  # a guard: before the fix they waited for ever
     await mirror.link.close()
+
+
+async def test_an_owner_gone_before_its_first_view_fails_the_start(
+    root: Path, tmp_path: Path
+) -> None:
+    """A mirror whose owner accepted it, then went away before sending a view, stops waiting
+    for that view: its start fails with ServiceUnavailable (before, it waited for ever)."""
+    async def leave(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    path = tmp_path / "early.sock"
+    server = await asyncio.start_unix_server(leave, str(path))
+    mirror = _mirror(root, path)
+    with pytest.raises(ServiceUnavailable, match="went away while starting"):
+        await asyncio.wait_for(mirror.link.connect(mirror.show, Peers(), timeout_s=5), 10.0)
+    server.close()
+    await mirror.link.close()
