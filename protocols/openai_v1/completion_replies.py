@@ -264,13 +264,15 @@ class CompletionStreamEncoder:
             "prompt_token_ids": prompt_ids,
             "token_ids": list(event.token_ids) if view.return_token_ids else None,
         }
-        return self._out.chunk(choice, self._usage(i))
+        last = end is not None and not view.usage.include
+        return self._out.chunk(choice, self._usage(i), **self._out.closing(last))
 
     def _done(self, event: Done) -> bytes:
         if not self._view.usage.include:
             return b""
         usage = event.usage
-        return self._out.chunk(None, stream_usage(usage.prompt_tokens, usage.completion_tokens))
+        totals = stream_usage(usage.prompt_tokens, usage.completion_tokens)
+        return self._out.chunk(None, totals, **self._out.closing(True))
 
     def _logprobs(self, choice: int, rows: list[LogprobRow]) -> JSON | None:
         if self._view.logprobs is None:

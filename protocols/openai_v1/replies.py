@@ -29,7 +29,8 @@ class ReplyMeta:
     id: str
     created: int
     model: str
-    fingerprint: str | None = None  # `system_fingerprint` (vLLM: null; TGI's on every chunk too)
+    fingerprint: str | None = None  # `system_fingerprint` of whole answers and last chunks
+    fingerprint_each_chunk: bool = False  # TGI's placement: on every chunk
 
 
 @quick_init
@@ -74,14 +75,18 @@ _TEXT_ONLY_TAIL = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n
 
 
 class ChunkWriter:
-    """Stream chunks share `id`, `object`, `created`, `model`: serialise that head once. With a
-    fingerprint (model "tgi") every chunk carries `system_fingerprint` after `model`, as TGI's
-    router writes its chunks; other names get none (their whole answer's fingerprint is null)."""
+    """Stream chunks share `id`, `object`, `created`, `model`: serialise that head once. The
+    fingerprint goes where each server puts it: for model "tgi" on every chunk after `model`, as
+    TGI's router writes its chunks; otherwise only on the stream's last message (`closing`), as
+    vLLM 0.32 stamps it."""
 
     def __init__(self, meta: ReplyMeta, obj: str) -> None:
         fields: JSON = {"id": meta.id, "object": obj, "created": meta.created, "model": meta.model}
-        if meta.fingerprint is not None:
+        self._closing: JSON = {}
+        if meta.fingerprint is not None and meta.fingerprint_each_chunk:
             fields["system_fingerprint"] = meta.fingerprint
+        elif meta.fingerprint is not None:
+            self._closing = {"system_fingerprint": meta.fingerprint}
         head = jsonio.dumps(fields)
         self._prefix = head[:-1] + b',"choices":['
         self._text_heads: dict[int, bytes] = {}  # per choice: the SSE event up to its text
@@ -96,6 +101,11 @@ class ChunkWriter:
                 b',"delta":{"content":',
             ))
         return b"".join((head, jsonio.dumps_scalar(text), _TEXT_ONLY_TAIL))
+
+    def closing(self, last: bool) -> JSON:
+        """The extra fields of a chunk that is the stream's `last` message, vLLM's way: a
+        choice's finishing chunk when no usage chunk follows, or the usage chunk."""
+        return self._closing if last else {}
 
     def chunk(self, choice: JSON | None, usage: JSON | None = None, **extra: Any) -> bytes:
         parts = [self._prefix, b"" if choice is None else jsonio.dumps(choice), b"]"]

@@ -504,11 +504,12 @@ def _meta(ctx: ProtocolContext, prefix: str, gen: GenerationRequest) -> replies.
     service = ctx.service
     model = response_model(gen.model, service.base_names, service.served_name)
     # TGI's own client (text_generation.Client.chat) names the model "tgi" and requires TGI's
-    # fingerprint, "<version>-<docker label or native>" (router/src/server.rs); vLLM's is null
-    fingerprint = f"{ctx.server_version}-native" if gen.model == TGI_CLIENT_MODEL else None
+    # fingerprint, "<version>-<docker label or native>" (router/src/server.rs), on every chunk
+    tgi = gen.model == TGI_CLIENT_MODEL
+    fingerprint = f"{ctx.server_version}-native" if tgi else service.info().fingerprint
     return replies.ReplyMeta(
         id=f"{prefix}-{gen.request_id}", created=int(time.time()), model=model,
-        fingerprint=fingerprint,
+        fingerprint=fingerprint, fingerprint_each_chunk=tgi,
     )
 
 

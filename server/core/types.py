@@ -352,6 +352,7 @@ class EngineInfo:
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     tool_call_parser: str | None = None  # vLLM's parser names; None: not configured
     reasoning_parser: str | None = None
+    fingerprint: str | None = None  # OpenAI `system_fingerprint`, as vLLM's server writes it
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from server.core.types import EngineInfo, SamplingDefaults
 from server.engines.vllm_options import VllmEngineOptions
 
 if TYPE_CHECKING:
-    from vllm.config import ModelConfig
+    from vllm.config import ModelConfig, VllmConfig
     from vllm.tokenizers import TokenizerLike
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -37,7 +37,28 @@ def engine_info(llm: AsyncLLM, options: VllmEngineOptions, tokenizer: TokenizerL
         defaults=model_defaults(config.model_config),
         tool_call_parser=options.tool_call_parser,
         reasoning_parser=options.reasoning_parser,
+        fingerprint=system_fingerprint(config, vllm.__version__),
     )
+
+
+def system_fingerprint(config: VllmConfig, version: str) -> str:
+    """`vllm-<version>[-tp<n>][-pp<n>][-dp<n>][-ep]-<hash8>`: what vLLM 0.32's server answers in
+    its default `--fingerprint-mode full` (vllm/entrypoints/serve/utils/fingerprint.py), so a
+    client that tracks the serving configuration sees the same value through the gateway."""
+    parts = [f"vllm-{version}"]
+    parallel = config.parallel_config
+    sizes = {"tp": parallel.tensor_parallel_size, "pp": parallel.pipeline_parallel_size,
+             "dp": parallel.data_parallel_size}
+    for tag, size in sizes.items():
+        if size > 1:
+            parts.append(f"{tag}{size}")
+    if parallel.enable_expert_parallel:
+        parts.append("ep")
+    try:
+        parts.append(config.compute_hash()[:8])
+    except Exception:  # vLLM's own fallback: a config it cannot hash
+        parts.append("nohash")
+    return "-".join(parts)
 
 
 def model_defaults(model_config: ModelConfig) -> SamplingDefaults:

@@ -131,8 +131,8 @@ def test_text_generation_client_chat_parses_the_reply(
 ) -> None:
     """The client sends model "tgi" and types `system_fingerprint` a string (TGI's router
     fills it, on every streamed chunk too: read through the hub client, as text_generation's
-    own stream model wants a `tool_calls` key TGI's text chunks lack); other clients get vLLM's
-    null, and chunks without one."""
+    own stream model wants a `tool_calls` key TGI's text chunks lack); other clients get vLLM's,
+    on the stream's last chunk only."""
     reply = tgi.chat([Message(role="user", content=PROMPT)], max_tokens=4, temperature=0)
     assert reply.choices[0].message.content is not None and reply.usage["completion_tokens"] <= 4
     assert reply.system_fingerprint.endswith("-native")
@@ -143,9 +143,11 @@ def test_text_generation_client_chat_parses_the_reply(
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
     assert streamed == reply.choices[0].message.content
     body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1}
-    assert http.post("/v1/chat/completions", json=body).json()["system_fingerprint"] is None
+    vllm_fingerprint = http.post("/v1/chat/completions", json=body).json()["system_fingerprint"]
+    assert vllm_fingerprint.startswith("vllm-")
     vllm = http.post("/v1/chat/completions", json={**body, "stream": True})
-    assert "system_fingerprint" not in vllm.text
+    assert vllm.text.count('"system_fingerprint"') == 1  # vLLM stamps the last chunk only
+    assert f'"system_fingerprint":"{vllm_fingerprint}"}}' in vllm.text
 
 
 def test_max_new_tokens_is_checked_as_tgis_router_does(

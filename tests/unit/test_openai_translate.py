@@ -711,7 +711,8 @@ def test_completion_stream_chunks_carry_vllms_fields() -> None:
 
 
 TGI_META = ReplyMeta(id="chatcmpl-abc", created=1730000000, model="tiny",
-                     fingerprint="0.1.0-native")
+                     fingerprint="0.1.0-native", fingerprint_each_chunk=True)
+VLLM_META = replace(META, fingerprint="vllm-0.32.0-1a2b3c4d")
 
 
 def test_chunks_for_model_tgi_carry_its_fingerprint_after_model_as_tgis_router() -> None:
@@ -731,6 +732,28 @@ def test_chunks_for_model_tgi_carry_its_fingerprint_after_model_as_tgis_router()
     assert [c["system_fingerprint"] for c in completions] == ["0.1.0-native"] * 3
     plain = encode_all(ChatStreamEncoder(ChatView(meta=META)), chat_events())
     assert not any("system_fingerprint" in c for c in plain)
+
+
+def test_vllm_stamps_its_fingerprint_on_the_streams_last_message_only() -> None:
+    """vLLM 0.32 (chat_completion/serving.py, completion/serving.py): a choice's finishing chunk
+    carries `system_fingerprint` after its fields when no usage chunk follows; with
+    `include_usage` only the usage chunk does."""
+    stamp = b',"system_fingerprint":"vllm-0.32.0-1a2b3c4d"}'
+    for usage in (StreamUsage(), StreamUsage(include=True)):
+        raw = b"".join(ChatStreamEncoder(ChatView(meta=VLLM_META, usage=usage)).encode(e)
+                       for e in chat_events())
+        chunks = sse_payloads(raw)
+        stamped = [c for c in chunks if "system_fingerprint" in c]
+        assert stamped == [chunks[-1]] and raw.count(stamp) == 1
+        assert chunks[-1]["system_fingerprint"] == "vllm-0.32.0-1a2b3c4d"
+        assert (chunks[-1]["choices"] == []) is usage.include
+    items = [Started(prompt_token_ids=(1,)),
+             Delta(choice=0, text="x", token_ids=(3,)),
+             Delta(choice=1, text="y", token_ids=(4,), finish=FinishReason.LENGTH),
+             Delta(choice=0, text="z", token_ids=(5,), finish=FinishReason.STOP)]
+    cmpl = CompletionView(meta=replace(VLLM_META, id="cmpl-abc"), n=2)
+    completions = encode_all(CompletionStreamEncoder(cmpl), items)
+    assert ["system_fingerprint" in c for c in completions] == [False, True, True]
 
 
 @pytest.mark.anyio
