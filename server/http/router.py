@@ -221,7 +221,8 @@ def _compile(path: str) -> re.Pattern[str]:
     for match in _PARAM.finditer(path):
         pattern += re.escape(path[end : match.start()])
         name, is_path = match.group(1), match.group(2)
-        pattern += f"(?P<{name}>.*)" if is_path else f"(?P<{name}>[^/]+)"
+        # an empty name names nothing: `/v1/models/` is the listing's path with a slash
+        pattern += f"(?P<{name}>.+)" if is_path else f"(?P<{name}>[^/]+)"
         end = match.end()
     return re.compile(pattern + re.escape(path[end:]))
 

@@ -115,6 +115,18 @@ async def test_a_path_known_without_its_trailing_slash_redirects_as_starlettes_r
     assert unslashed.headers["location"] == "http://gateway/v2/health/live"
 
 
+async def test_an_empty_path_parameter_names_nothing() -> None:
+    """`/v1/models/` is the listing with a slash (a redirect, as vLLM's router answers), not a
+    model named "" (it was a 200 with `"id": ""`)."""
+    async with client(make_gateway(), "data") as http:
+        listing = await http.get("/v1/models/")
+        adapters = await http.get("/adapters/")
+    assert listing.status_code == 307
+    assert listing.headers["location"] == "http://gateway/v1/models"
+    assert adapters.status_code == 307
+    assert adapters.headers["location"] == "http://gateway/adapters"
+
+
 @pytest.mark.parametrize("listener", ["management", "metrics"])
 async def test_unknown_path_on_the_management_and_metrics_listeners_is_mindies_404(
     listener: str,
