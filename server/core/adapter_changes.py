@@ -8,6 +8,7 @@ cannot be made durable is refused having changed nothing; once made, everyone wh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -56,9 +57,11 @@ class AdapterChanges:
         options: Mapping[str, str] | None = None,
         alias: str | None = None,
         origin: str = "api",
+        load: bool = False,
     ) -> AdapterRecord:
         """Validate and add an adapter; load it now if `preload` or `pin` (the errors:
-        `AdapterRegistry.register`)."""
+        `AdapterRegistry.register`), or `load` (for the request that named it: a remote
+        adapter's fetched folder stays held until then)."""
         check_enabled(self.limits)
         checked = check_name(name, self.rules)
         if origin != MERGED_ORIGIN and MERGED_NAME.fullmatch(checked):
@@ -68,23 +71,25 @@ class AdapterChanges:
             )
         _check_pin_options(preload=preload, pin=pin)
         self._catalog.check_free(checked)
-        files = await self._sources.inspect(src)
-        async with self._catalog.lock:
-            self._catalog.check_free(checked)
-            if pin:
-                self._check_pin_capacity()
-            record = self._catalog.new_record(checked, src, files, preload=preload, pin=pin,
-                                              options=options)
-            record.alias, record.origin = alias, origin
-            # durable before anyone sees it (only management registrations are kept)
-            await self._save(checked, _saved(record), strict=origin == "api")
-            self._catalog.by_name[checked] = record
-            self._catalog.failed.pop(checked, None)
-        try:
-            if preload or pin:
-                await self._load_new(record)
-        finally:
-            await self.notify()
+        async with self._sources.fetched(src) as files:  # held until loaded
+            async with self._catalog.lock:
+                self._catalog.check_free(checked)
+                if pin:
+                    self._check_pin_capacity()
+                record = self._catalog.new_record(checked, src, files, preload=preload, pin=pin,
+                                                  options=options)
+                record.alias, record.origin = alias, origin
+                # durable before anyone sees it (only management registrations are kept)
+                await self._save(checked, _saved(record), strict=origin == "api")
+                self._catalog.by_name[checked] = record
+                self._catalog.failed.pop(checked, None)
+            try:
+                if preload or pin:
+                    await self._load_new(record)
+                elif load:
+                    await self._residency.wait_resident(checked, requested=checked, cold=True)
+            finally:
+                await self.notify()
         return record
 
     async def update(
@@ -99,29 +104,32 @@ class AdapterChanges:
         """Change source, preload, pin or options. A failed validation leaves it unchanged."""
         check_enabled(self.limits)
         self._catalog.get(name)
-        files = None if src is None else await self._sources.inspect(src)
-        async with self._catalog.lock:
-            old = self._catalog.get(name)
-            new_pin = old.pin if pin is None else pin
-            new_preload = (old.preload or new_pin) if preload is None else preload
-            _check_pin_options(preload=new_preload, pin=new_pin)
-            if new_pin and not old.pin:
-                self._check_pin_capacity()
-            merged = {**old.options, **(options or {})}
-            new_src = old.src if src is None else str(src)
-            saved = SavedAdapter(name, new_src, new_pin, new_preload, merged)
-            kept = old.origin == "api"
-            await self._save(name, saved if kept else None, strict=kept)
-            was_pinned = old.pin
-            record = self._updated(
-                old, src, files, preload=new_preload, pin=new_pin, options=merged
+        async with contextlib.AsyncExitStack() as held:  # a new remote source: until loaded
+            files = None if src is None else await held.enter_async_context(
+                self._sources.fetched(src)
             )
-        try:
-            if (record.preload or record.pin) and not record.resident:
-                await self._load_new(record, previous=old, was_pinned=was_pinned)
-        finally:
-            await self.notify()
-        return record
+            async with self._catalog.lock:
+                old = self._catalog.get(name)
+                new_pin = old.pin if pin is None else pin
+                new_preload = (old.preload or new_pin) if preload is None else preload
+                _check_pin_options(preload=new_preload, pin=new_pin)
+                if new_pin and not old.pin:
+                    self._check_pin_capacity()
+                merged = {**old.options, **(options or {})}
+                new_src = old.src if src is None else str(src)
+                saved = SavedAdapter(name, new_src, new_pin, new_preload, merged)
+                kept = old.origin == "api"
+                await self._save(name, saved if kept else None, strict=kept)
+                was_pinned = old.pin
+                record = self._updated(
+                    old, src, files, preload=new_preload, pin=new_pin, options=merged
+                )
+            try:
+                if (record.preload or record.pin) and not record.resident:
+                    await self._load_new(record, previous=old, was_pinned=was_pinned)
+            finally:
+                await self.notify()
+            return record
 
     async def unregister(self, name: str) -> AdapterRecord:
         """Forget the name now and remove the adapter from the engine; if requests are still
@@ -156,21 +164,25 @@ class AdapterChanges:
         """Re-read an adapter whose files changed on disk: same contents, same record; other
         contents, a new record with a new engine identity (the old one finishes its requests
         and leaves). Raises AdapterInvalid if the files are no longer a valid adapter."""
-        async with self._catalog.lock:
-            old = self._catalog.get(name)
-            files = await self._sources.inspect(self._sources.source_of(old))
-            if files.digest == old.digest:
-                old.fingerprint = files.fingerprint
-                return old
-            record = self._updated(
-                old, old.src, files, preload=old.preload, pin=old.pin, options=old.options
-            )
-        logger.info("adapter %s reloaded: its files changed", name)
-        try:
-            if record.preload or record.pin:
-                await self._load_new(record)
-        finally:
-            await self.notify()
+        old = self._catalog.get(name)
+        # fetched before the lock (a remote source's network I/O), the state checked again after
+        async with self._sources.fetched(self._sources.source_of(old)) as files:
+            async with self._catalog.lock:
+                current = self._catalog.get(name)
+                if current is not old:
+                    return current  # changed meanwhile: the newer record is current
+                if files.digest == old.digest:
+                    old.fingerprint = files.fingerprint
+                    return old
+                record = self._updated(
+                    old, old.src, files, preload=old.preload, pin=old.pin, options=old.options
+                )
+            logger.info("adapter %s reloaded: its files changed", name)
+            try:
+                if record.preload or record.pin:
+                    await self._load_new(record)
+            finally:
+                await self.notify()
         return record
 
     # ---- loading a change, undoing a failed one --------------------------------------------

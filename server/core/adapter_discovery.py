@@ -58,10 +58,11 @@ class AdapterDiscovery:
             and bool(NAME_PATTERN.match(name)) and name not in self.rules.base_names
         )
 
-    async def discover(self, name: str, *, requested: str) -> None:
+    async def discover(self, name: str, *, requested: str, load: bool = False) -> None:
         """Register the folder `name` of a discovery dir on its first request; concurrent first
         requests share one registration. A refused folder stays refused (AdapterInvalid with
-        its reason) until its files change. Raises AdapterNotFound when there is no folder."""
+        its reason) until its files change. Raises AdapterNotFound when there is no folder.
+        `load`: a remote adapter is loaded too, before its fetched folder may be evicted."""
         path = self.found(name)
         if path is None and not self.may_fetch(name):
             raise AdapterNotFound(f"The model `{requested}` does not exist.")
@@ -69,7 +70,9 @@ class AdapterDiscovery:
             raise AdapterInvalid(failure.reason, param="model")
         pending = self._discovering.get(name)
         if pending is None:
-            found = self._register_found(name, path) if path else self._register_remote(name)
+            found = (
+                self._register_found(name, path) if path else self._register_remote(name, load)
+            )
             pending = asyncio.ensure_future(found)
             self._discovering[name] = pending
             pending.add_done_callback(lambda _: self._discovering.pop(name, None))
@@ -94,12 +97,14 @@ class AdapterDiscovery:
             raise
         logger.info("adapter %s registered from its folder %s", name, path)
 
-    async def _register_remote(self, name: str) -> None:
-        """Register `name` from the first `adapterSources` prefix that has it."""
+    async def _register_remote(self, name: str, load: bool) -> None:
+        """Register `name` from the first `adapterSources` prefix that has it (and load it)."""
         for prefix in self._sources.prefixes:
             src = prefix.replace("{name}", name) if "{name}" in prefix else prefix + name
             try:
-                await self._changes.register(name, src, preload=False, origin="source")
+                await self._changes.register(
+                    name, src, preload=False, origin="source", load=load
+                )
             except AdapterSourceMissing:
                 continue
             except AdapterExists:
@@ -112,7 +117,8 @@ class AdapterDiscovery:
         """One rescan of the discovery dirs: new folders registered (served on first request),
         folders gone unregistered (their running requests finish), changed files reloaded."""
         present = self._folders()
-        added, failed, removed, reloaded = [], [], [], []
+        added: list[str] = []
+        failed: list[str] = []
         for name, path in present.items():
             if name in self._catalog.by_name or name in self._catalog.alias_of:
                 continue
@@ -128,7 +134,17 @@ class AdapterDiscovery:
             del self._catalog.failed[name]
         if gone:
             await self._notify()
+        removed, reloaded = await self._sync_registered()
+        return SyncReport(tuple(added), tuple(removed), tuple(reloaded), tuple(failed))
+
+    async def _sync_registered(self) -> tuple[list[str], list[str]]:
+        """Registered folder adapters whose folder is gone (unregistered) or whose files
+        changed (reloaded). Remote adapters are not looked at: their cached copy, evicted or
+        not, is no change (an evicted one is fetched again by its next load)."""
+        removed, reloaded = [], []
         for record in list(self._catalog.by_name.values()):
+            if self._sources.is_remote(record.src):
+                continue
             # the record's own folder, looked at now: one registered by a request during this
             # scan is not in `present`, yet its folder is there
             if record.origin == "folder" and _folder_gone(record):
@@ -139,7 +155,7 @@ class AdapterDiscovery:
                 await self._reloaded(record.name)
             ):
                 reloaded.append(record.name)
-        return SyncReport(tuple(added), tuple(removed), tuple(reloaded), tuple(failed))
+        return removed, reloaded
 
     async def _reloaded(self, name: str) -> bool:
         try:

@@ -33,7 +33,7 @@ class AdapterLeases:
         target = self._catalog.alias_of.get(name, name)
         record = self._catalog.by_name.get(target)
         if record is None:
-            await self._discovery.discover(target, requested=name)
+            await self._discovery.discover(target, requested=name, load=True)
             record = self._catalog.by_name.get(target)
             if record is None:
                 raise AdapterNotFound(f"The model `{name}` does not exist.")

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from server.core.adapter_catalog import AdapterCatalog
-from server.core.adapter_files import fingerprint
+from server.core.adapter_files import AdapterFiles, fingerprint
 from server.core.adapter_records import AdapterLimits, AdapterRecord
 from server.core.adapter_sources import AdapterSources
 from server.core.engine import Engine
@@ -78,32 +78,58 @@ class AdapterResidency:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.limits.wait_s
         while True:
-            async with self._catalog.lock:
-                record = self._catalog.by_name.get(name)
-                if record is None:
-                    raise AdapterNotFound(f"The model `{requested}` does not exist.")
-                if record.resident or await self._load_if_room(record, cold=cold):
+            record = self._registered(name, requested)
+            if record.resident:
+                return record
+            # a remote adapter's folder is fetched again here if it was evicted, never under
+            # the lock, and held until the engine has read it
+            async with self._sources.current(record) as files:
+                if await self._wait_for_room(record, files, deadline, requested, cold=cold):
                     return record
+            # `name` stands for another record now (its files changed): load that one
+
+    async def _wait_for_room(
+        self, record: AdapterRecord, files: AdapterFiles | None, deadline: float,
+        requested: str, *, cold: bool,
+    ) -> bool:
+        """Load `record` once a cached place is free; False if its name stopped naming it."""
+        loop = asyncio.get_running_loop()
+        while True:
+            async with self._catalog.lock:
+                if self._registered(record.name, requested) is not record:
+                    return False
+                if record.resident or await self._load_if_room(record, files, cold=cold):
+                    return True
                 room = self._room
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise Overloaded(
-                    f"No free LoRA slot for adapter {name}: all {self.limits.max_cpu_loras} "
-                    "cached adapters are pinned or busy"
+                    f"No free LoRA slot for adapter {record.name}: all "
+                    f"{self.limits.max_cpu_loras} cached adapters are pinned or busy"
                 )
             with contextlib.suppress(TimeoutError):  # woken by room, or by an adapter settling
                 await asyncio.wait_for(room.wait(), min(remaining, self._settling_in()))
 
+    def _registered(self, name: str, requested: str) -> AdapterRecord:
+        record = self._catalog.by_name.get(name)
+        if record is None:
+            raise AdapterNotFound(f"The model `{requested}` does not exist.")
+        return record
+
     async def prefetch(self, name: str) -> bool:
         """Load `name` ahead of its requests if there is room without waiting (see
         `AdapterRegistry.prefetch`)."""
-        async with self._catalog.lock:
-            record = self._catalog.by_name.get(name)
-            if record is None:
-                raise AdapterNotFound(f"The adapter `{name}` does not exist.")
+        record = self._catalog.by_name.get(name)
+        if record is None:
+            raise AdapterNotFound(f"The adapter `{name}` does not exist.")
+        if record.resident:
+            return True
+        async with self._sources.current(record) as files, self._catalog.lock:
+            if self._catalog.by_name.get(name) is not record:
+                return True  # changed meanwhile: left to its requests' own load
             if record.resident:
                 return True
-            if not await self._load_if_room(record, ahead=True):
+            if not await self._load_if_room(record, files, ahead=True):
                 return False
             record.prefetches += 1
             record.prefetched = True
@@ -111,12 +137,14 @@ class AdapterResidency:
             return True
 
     async def _load_if_room(
-        self, record: AdapterRecord, *, cold: bool = False, ahead: bool = False
+        self, record: AdapterRecord, files: AdapterFiles | None, *, cold: bool = False,
+        ahead: bool = False,
     ) -> bool:
-        """Under the lock: load `record` into the engine, evicting an idle adapter if needed
-        (for a load `ahead` of its requests, never another adapter loaded ahead). Returns False
-        when every cached place is pinned or busy."""
-        await self._rebind_if_changed(record)
+        """Under the lock: load `record` into the engine (with `files` if they were fetched
+        again), evicting an idle adapter if needed (for a load `ahead` of its requests, never
+        another adapter loaded ahead). Returns False when every cached place is pinned or
+        busy."""
+        await self._rebind_if_changed(record, files)
         if record.handle.int_id in self._resident_ids():
             record.resident = True  # the same files are in the engine under another record
             return True
@@ -138,13 +166,17 @@ class AdapterResidency:
         record.count_load(time.perf_counter() - started, cold=cold)
         return True
 
-    async def _rebind_if_changed(self, record: AdapterRecord) -> None:
+    async def _rebind_if_changed(self, record: AdapterRecord, files: AdapterFiles | None) -> None:
         """Under the lock, before the engine reads a record that is not in it: if its files
-        changed, it takes the identity of the new contents (nothing refers to the old one)."""
-        path = Path(record.handle.path)
-        if fingerprint(path) == record.fingerprint:
-            return
-        files = await self._sources.inspect(self._sources.source_of(record))
+        changed (a local folder's, looked at here; a remote one's, fetched again as `files`),
+        it takes the identity of the new contents (nothing refers to the old one)."""
+        if files is None:
+            if self._sources.is_remote(record.src):
+                return  # its held folder is unchanged (AdapterSources.current)
+            if fingerprint(Path(record.handle.path)) == record.fingerprint:
+                return
+            async with self._sources.fetched(record.handle.path) as found:  # local disk only
+                files = found
         if files.digest != record.digest:
             record.handle = AdapterHandle(
                 name=record.name, int_id=self._catalog.id_for(files.digest),

@@ -3,7 +3,11 @@
 A download is staged under `.staging/` and renamed to `<digest>/` only once it is complete and
 valid, so a partial download is never served, listed or reused. `keys/` maps a source's identity
 (its location and version) to a digest, so a restart reuses what was fetched before. Entries are
-evicted least recently used (folder mtime) beyond the size budget, never one the registry keeps.
+evicted least recently used (folder mtime) beyond the size budget, never one the registry keeps
+(loaded or pinned) nor one held: a folder found or committed is held for its fetch's callers
+until they release it (registered and loaded, or given up), so a folder another request just
+fetched is never deleted before the engine read it. When only kept or held folders are left the
+cache stays over its budget until they are released.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections import Counter
 from pathlib import Path
 
 logger = logging.getLogger("gateway.sources")
@@ -28,22 +33,46 @@ class AdapterCache:
         self.root = root
         self.budget_bytes = budget_bytes
         self._kept: frozenset[Path] = frozenset()
+        self._holds: Counter[Path] = Counter()  # resolved folder -> callers using it now
         self._lock = threading.Lock()
         (root / STAGING).mkdir(parents=True, exist_ok=True)
         (root / KEYS).mkdir(exist_ok=True)
         self._clear_staging()
 
     def lookup(self, key: str) -> Path | None:
-        """The cached folder for a source identity, if it is still there (marked as used)."""
+        """The cached folder for a source identity, if it is still there: marked as used and
+        held (see `release`)."""
         try:
             digest = (self.root / KEYS / _key_name(key)).read_text().strip()
         except OSError:
             return None
+        if not digest:
+            return None
         folder = self.root / digest
-        if not digest or not folder.is_dir():
+        if not self.hold(folder):
             return None
         _touch(folder)
         return folder
+
+    def hold(self, folder: Path) -> bool:
+        """Hold `folder` (never evicted until `release`) if it is still there."""
+        with self._lock:
+            if not folder.is_dir():
+                return False
+            self._holds[folder.resolve()] += 1
+            return True
+
+    def release(self, folder: Path) -> None:
+        """One hold of `folder` less (from `hold`, `lookup` or `commit`)."""
+        with self._lock:
+            resolved = folder.resolve()
+            self._holds[resolved] -= 1
+            if self._holds[resolved] <= 0:
+                del self._holds[resolved]
+
+    def held(self) -> set[Path]:
+        with self._lock:
+            return set(self._holds)
 
     def stage(self) -> Path:
         """A new empty folder to download into (removed by `discard` or moved by `commit`)."""
@@ -54,7 +83,8 @@ class AdapterCache:
 
     def commit(self, key: str | None, folder: Path, digest: str) -> Path:
         """Move a complete, validated folder to its digest's place (kept if one is there) and
-        remember `key` for it; then evict beyond the budget."""
+        remember `key` for it; then evict beyond the budget. The folder returned is held (see
+        `release`)."""
         target = self.root / digest
         with self._lock:
             if target.is_dir():
@@ -64,20 +94,22 @@ class AdapterCache:
                 os.replace(folder, target)
                 _fsync_dir(self.root)
             _touch(target)
+            self._holds[target.resolve()] += 1
             if key is not None:
                 _write_atomic(self.root / KEYS / _key_name(key), digest)
-        self.evict(keep=target)
+        self.evict()
         return target
 
     def keep(self, folders: set[Path]) -> None:
         self._kept = frozenset(folder.resolve() for folder in folders)
 
-    def evict(self, keep: Path | None = None) -> None:
-        """Remove least recently used entries until the cache fits its budget."""
+    def evict(self) -> None:
+        """Remove least recently used entries, neither kept nor held, until the cache fits its
+        budget."""
         with self._lock:
             entries = sorted(self._entries(), key=lambda e: e[1])
             total = sum(size for _, _, size in entries)
-            protected = self._kept | ({keep.resolve()} if keep else set())
+            protected = self._kept | set(self._holds)
             for folder, _, size in entries:
                 if total <= self.budget_bytes:
                     break
