@@ -34,7 +34,10 @@ class AdapterCache:
         self.budget_bytes = budget_bytes
         self._kept: frozenset[Path] = frozenset()
         self._holds: Counter[Path] = Counter()  # resolved folder -> callers using it now
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # commits and evictions, one at a time (threads only)
+        # holds, and an eviction's rename of a folder not held: short, so the event loop may
+        # wait for it (a folder is either held before it is renamed away, or no longer there)
+        self._holds_lock = threading.Lock()
         (root / STAGING).mkdir(parents=True, exist_ok=True)
         (root / KEYS).mkdir(exist_ok=True)
         self._clear_staging()
@@ -56,7 +59,7 @@ class AdapterCache:
 
     def hold(self, folder: Path) -> bool:
         """Hold `folder` (never evicted until `release`) if it is still there."""
-        with self._lock:
+        with self._holds_lock:
             if not folder.is_dir():
                 return False
             self._holds[folder.resolve()] += 1
@@ -64,14 +67,14 @@ class AdapterCache:
 
     def release(self, folder: Path) -> None:
         """One hold of `folder` less (from `hold`, `lookup` or `commit`)."""
-        with self._lock:
+        with self._holds_lock:
             resolved = folder.resolve()
             self._holds[resolved] -= 1
             if self._holds[resolved] <= 0:
                 del self._holds[resolved]
 
     def held(self) -> set[Path]:
-        with self._lock:
+        with self._holds_lock:
             return set(self._holds)
 
     def stage(self) -> Path:
@@ -94,7 +97,8 @@ class AdapterCache:
                 os.replace(folder, target)
                 _fsync_dir(self.root)
             _touch(target)
-            self._holds[target.resolve()] += 1
+            with self._holds_lock:  # before an eviction may look at it
+                self._holds[target.resolve()] += 1
             if key is not None:
                 _write_atomic(self.root / KEYS / _key_name(key), digest)
         self.evict()
@@ -109,15 +113,28 @@ class AdapterCache:
         with self._lock:
             entries = sorted(self._entries(), key=lambda e: e[1])
             total = sum(size for _, _, size in entries)
-            protected = self._kept | set(self._holds)
             for folder, _, size in entries:
                 if total <= self.budget_bytes:
                     break
-                if folder.resolve() in protected:
+                doomed = self._take_unless_used(folder)
+                if doomed is None:
                     continue
-                shutil.rmtree(folder, ignore_errors=True)
+                shutil.rmtree(doomed, ignore_errors=True)
                 total -= size
                 logger.info("adapter cache: evicted %s (%d bytes)", folder.name, size)
+
+    def _take_unless_used(self, folder: Path) -> Path | None:
+        """Move `folder` out of the cache (to be deleted) unless it is kept or held."""
+        with self._holds_lock:
+            resolved = folder.resolve()
+            if resolved in self._kept or resolved in self._holds:
+                return None
+            doomed = Path(tempfile.mkdtemp(dir=self.root / STAGING)) / folder.name
+            try:
+                os.replace(folder, doomed)
+            except OSError:
+                return None
+            return doomed.parent
 
     def size(self) -> int:
         return sum(size for _, _, size in self._entries())

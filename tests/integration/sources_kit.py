@@ -76,6 +76,12 @@ class MotoServer:
         return sum(1 for line in lines if '"GET /' in line and key_part in line
                    and "list-type" not in line)
 
+    def reads(self) -> tuple[int, int]:
+        """(object GETs, LISTs) this run's server answered so far."""
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        lists = sum(1 for line in lines if "list-type" in line)
+        return sum(1 for line in lines if '"GET /' in line) - lists, lists
+
     def client(self) -> Any:
         return boto3.session.Session(**{
             "aws_access_key_id": S3_ENV["AWS_ACCESS_KEY_ID"],

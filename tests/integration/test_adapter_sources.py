@@ -2,17 +2,21 @@
 standalone server), an HTTPS file server with a test CA, a Hugging Face cache, and local
 folders; every registration API, on-demand resolution through `adapterSources`, and each
 failure (missing, refused, hanging, corrupt, oversized, unsafe, pinned digest mismatch, the S3
-server stopped mid-download) answered clearly with nothing registered and the engine serving.
+server stopped mid-download) answered clearly with nothing registered and the engine serving;
+and a cache smaller than the adapters in use: concurrent first uses all served, no download
+while idle.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -37,13 +41,19 @@ pytestmark = pytest.mark.engine
 
 A1, A2 = DEMO / "adapters" / "a1", DEMO / "adapters" / "a2"
 PROMPT = "the quick brown fox jumps over"
-BUDGET_GIB = 0.002  # 2 MiB: the demo adapters are ~30 KB; the oversized archive is 4 MiB
+# ~210 KB: a1 is 35 KB, a2 140 KB, the oversized archive 4 MiB; the adapters the module
+# registers (and the 4 the engine holds, kept) take more than that, so the cache evicts
+BUDGET_GIB = 0.0002
 TIMEOUT_S = 6
 
 
 class Sources:
-    def __init__(self, moto: MotoServer, proxy: Proxy, files: FileServer, server: RunningServer):
+    def __init__(
+        self, moto: MotoServer, proxy: Proxy, files: FileServer, server: RunningServer,
+        cache: Path,
+    ) -> None:
         self.moto, self.proxy, self.files, self.server = moto, proxy, files, server
+        self.cache = cache
 
 
 @pytest.fixture(scope="module")
@@ -71,12 +81,13 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sources]:
             "adapterCacheGiB": BUDGET_GIB,
             "adapterSourceTimeout": TIMEOUT_S,
             "adapterSourceCaFile": str(ca_file),
+            "adapterDirRefresh": 1,  # the rescan that fetched evicted copies again, kept busy
             "adapters": [{"name": "cfg-s3", "path": "s3://adapters/team1/cfg-a1"}],
         }}
         environ = {**S3_ENV, "AWS_ENDPOINT_URL_S3": proxy.url, "HF_HOME": str(folder / "hf")}
         with running_server(folder / "server", overrides=overrides, environ=environ,
                             ready_timeout=600) as server:
-            yield Sources(moto, proxy, files, server)
+            yield Sources(moto, proxy, files, server, folder / "cache")
 
 
 @pytest.fixture(scope="module")
@@ -271,6 +282,51 @@ def test_s3_stopped_mid_download_registers_nothing_and_the_next_try_fetches_it_w
     assert answer.status_code == 200, answer.text
     assert moto.gets("team1/slow-a1/adapter_model.safetensors") == 1
     assert greedy(data, "slow-a1") == reference["a1"]
+
+
+# ---- a cache smaller than the adapters in use ---------------------------------------------
+def a1_copies(sources: Sources, folder: Path, names: list[str]) -> None:
+    """a1's weights under each name, each with its own contents (its config names it)."""
+    for name in names:
+        copy = folder / name
+        shutil.copytree(A1, copy)
+        config = json.loads((copy / "adapter_config.json").read_text())
+        config["revision"] = name
+        (copy / "adapter_config.json").write_text(json.dumps(config))
+        sources.moto.upload("adapters", f"team1/{name}", copy)
+
+
+def test_concurrent_first_uses_with_a_full_cache_are_all_served(
+    sources: Sources, data: httpx.Client, reference: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """12 new names at once, 3 requests each, with a cache that holds ~6 of them: a folder
+    fetched for one request was evicted by another's commit before the engine read it (the
+    engine's add_lora: "No adapter found", or a 404 "does not exist")."""
+    names = [f"full-{index}" for index in range(12)]
+    a1_copies(sources, tmp_path_factory.mktemp("copies"), names)
+    with ThreadPoolExecutor(36) as pool:
+        answers = list(pool.map(
+            lambda name: data.post("/v1/completions", json={
+                "model": name, "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
+            }), [name for name in names for _ in range(3)],
+        ))
+    failed = [(a.status_code, a.text) for a in answers if a.status_code != 200]
+    assert failed == []
+    assert {a.json()["choices"][0]["text"] for a in answers} == {reference["a1"]}
+
+
+def test_an_idle_server_downloads_nothing_however_much_was_evicted(
+    sources: Sources, data: httpx.Client
+) -> None:
+    """The adapterDir rescan (every second here) used to see an evicted copy as a change and
+    download it again, its commit evicting another: an endless loop of GETs and LISTs."""
+    registered = [m["id"] for m in data.get("/v1/models").json()["data"]]
+    assert len([n for n in registered if n.startswith("full-")]) == 12
+    assert sum(1 for _ in sources.cache.glob("[0-9a-f]" * 64)) < 12  # copies were evicted
+    before = sources.moto.reads()
+    time.sleep(3.5)  # three rescans
+    assert sources.moto.reads() == before
 
 
 def test_source_metrics(sources: Sources, data: httpx.Client) -> None:
