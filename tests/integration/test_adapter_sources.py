@@ -300,20 +300,24 @@ def test_concurrent_first_uses_with_a_full_cache_are_all_served(
     sources: Sources, data: httpx.Client, reference: dict[str, str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """12 new names at once, 3 requests each, with a cache that holds ~6 of them: a folder
-    fetched for one request was evicted by another's commit before the engine read it (the
-    engine's add_lora: "No adapter found", or a 404 "does not exist")."""
-    names = [f"full-{index}" for index in range(12)]
-    a1_copies(sources, tmp_path_factory.mktemp("copies"), names)
-    with ThreadPoolExecutor(36) as pool:
-        answers = list(pool.map(
-            lambda name: data.post("/v1/completions", json={
-                "model": name, "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
-            }), [name for name in names for _ in range(3)],
-        ))
-    failed = [(a.status_code, a.text) for a in answers if a.status_code != 200]
+    """12 new names at once, 3 requests each, three rounds, with a cache that holds ~6 of them:
+    a folder fetched for one request was evicted by another's commit before the engine read it
+    (the engine's add_lora: "No adapter found", or a 404 "does not exist")."""
+    folder = tmp_path_factory.mktemp("copies")
+    failed, texts = [], set()
+    for round_ in range(3):
+        names = [f"full-{round_}-{index}" for index in range(12)]
+        a1_copies(sources, folder, names)
+        with ThreadPoolExecutor(36) as pool:
+            answers = list(pool.map(
+                lambda name: data.post("/v1/completions", json={
+                    "model": name, "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
+                }), [name for name in names for _ in range(3)],
+            ))
+        failed += [(a.status_code, a.text) for a in answers if a.status_code != 200]
+        texts |= {a.json()["choices"][0]["text"] for a in answers if a.status_code == 200}
     assert failed == []
-    assert {a.json()["choices"][0]["text"] for a in answers} == {reference["a1"]}
+    assert texts == {reference["a1"]}
 
 
 def test_an_idle_server_downloads_nothing_however_much_was_evicted(
@@ -322,8 +326,8 @@ def test_an_idle_server_downloads_nothing_however_much_was_evicted(
     """The adapterDir rescan (every second here) used to see an evicted copy as a change and
     download it again, its commit evicting another: an endless loop of GETs and LISTs."""
     registered = [m["id"] for m in data.get("/v1/models").json()["data"]]
-    assert len([n for n in registered if n.startswith("full-")]) == 12
-    assert sum(1 for _ in sources.cache.glob("[0-9a-f]" * 64)) < 12  # copies were evicted
+    assert len([n for n in registered if n.startswith("full-")]) == 36
+    assert sum(1 for _ in sources.cache.glob("[0-9a-f]" * 64)) < 36  # copies were evicted
     before = sources.moto.reads()
     time.sleep(3.5)  # three rescans
     assert sources.moto.reads() == before
