@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -285,6 +285,9 @@ class VllmEngine:
 
     def token_texts(self, token_ids: list[int]) -> list[str]:
         return self._prompts.token_texts(token_ids)
+
+    async def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool) -> str:
+        return await self._prompts.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     # -- state -----------------------------------------------------------------------------
 
