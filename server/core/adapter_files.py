@@ -430,7 +430,8 @@ def inspect_adapter(src: object, rules: AdapterRules) -> AdapterFiles:
     moment: the read counts only if the files' fingerprint is the same before and after it,
     and the fingerprint kept is the one from before, so a write that ends later is a change
     the next use sees. A read that keeps overlapping writes is refused (the files are not one
-    adapter yet)."""
+    adapter yet). A writer pausing between parts of a file is not seen: each pause leaves a
+    valid adapter on disk (README: rename a new file into place instead)."""
     path = resolve_source(src, rules)
     for _ in range(READ_ATTEMPTS):
         before = fingerprint(path)
