@@ -13,6 +13,7 @@ from server.core.types import (
     FinishReason,
     GenerationEvent,
     GenerationRequest,
+    Sampling,
     Started,
     TokenLogprob,
     TokenTiming,
@@ -45,6 +46,7 @@ class EventFolder:
         self._prompt_top = request.output.prompt_logprobs
         self._final_only = not request.stream
         self._structured = request.sampling.structured is not None
+        self._restrictions = _token_restrictions(request.sampling)
         self._started = False
         self._ended: set[int] = set()
         self._generated = 0
@@ -97,6 +99,8 @@ class EventFolder:
             assert reason is not None
             if reason == "error" and self._structured and not self._generated:
                 raise _uncompiled_constraint()
+            if reason == "error" and self._structured and self._restrictions:
+                raise _no_allowed_token(self._restrictions)
             finish = _finish_reason(reason)
             self._ended.add(completion.index)
         return Delta(
@@ -125,6 +129,25 @@ def _uncompiled_constraint() -> InvalidRequest:
     return InvalidRequest(
         "The engine could not compile this request's structured output constraint (a regex "
         "may take at most 5 s): simplify the regex, grammar or JSON schema."
+    )
+
+
+def _token_restrictions(sampling: Sampling) -> list[str]:
+    """The request's fields that can leave a structured output constraint no token to take:
+    vLLM then samples a token the grammar rejects and ends the request with an error
+    (`min_tokens` and `ignore_eos` cannot: the grammar's end wins, or it stops constraining)."""
+    named = {"allowed_token_ids": sampling.allowed_token_ids is not None,
+             "bad_words": bool(sampling.bad_words)}
+    return [name for name, given in named.items() if given]
+
+
+def _no_allowed_token(restrictions: list[str]) -> InvalidRequest:
+    """vLLM 0.32's scheduler ends a request whose sampled token its grammar rejects
+    ("grammar rejected tokens"; vLLM's own server answers 500): on a structured request with
+    these restrictions, the restrictions and the constraint left no token in common."""
+    return InvalidRequest(
+        "The structured output constraint and " + ", ".join(restrictions) + " left no token "
+        "to generate: allow more tokens, or widen the constraint."
     )
 
 

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from server.core.adapter_records import AdapterLimits
+
 LISTENER_ROLES = ("data", "management", "metrics", "grpc")
 
 
@@ -168,6 +170,11 @@ class LoraSettings(_Section):
         cached = self.max_cpu_loras or self.max_loras
         if self.max_active_adapters is not None and self.max_active_adapters > cached:
             raise ValueError("max_active_adapters must be <= max_cpu_loras")
+        pins = sum(1 for entry in self.adapters if entry.pin)
+        most = AdapterLimits(enabled=True, max_loras=self.max_loras, max_cpu_loras=cached).max_pins
+        if self.enabled and pins > most:  # else the start would serve without some of them
+            raise ValueError(f"adapters pins {pins} adapters, at most {most} may be pinned "
+                             "(at most max_loras, and one place of max_cpu_loras stays unpinned)")
         return self
 
 

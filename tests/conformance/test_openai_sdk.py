@@ -551,6 +551,21 @@ def test_invalid_structured_output_is_a_400_and_the_engine_serves_on(client: Ope
     assert_serving(client)
 
 
+def test_token_restrictions_that_leave_the_constraint_no_token_are_a_400(
+    client: OpenAI, http: httpx.Client
+) -> None:
+    """vLLM's scheduler ends such a request with an error (its server: a 500): the client's
+    restrictions and its constraint have no token in common, so it is the client's 400."""
+    regex = {"structured_outputs": {"regex": "[a-z]{3}"}}
+    with pytest.raises(openai.BadRequestError, match="constraint and allowed_token_ids left no"):
+        complete(client, prompt="hi", max_tokens=6,
+                 extra_body={**regex, "allowed_token_ids": [5]})
+    triton = http.post("/v2/models/tiny/generate", json={"text_input": "hi", "parameters": {
+        "max_tokens": 6, "allowed_token_ids": [5], "structured_outputs": '{"regex": "[a-z]{3}"}'}})
+    assert triton.status_code == 400 and "left no token" in triton.json()["error"]
+    assert_serving(client)
+
+
 def test_models_list_shows_paths_like_vllm_when_no_keys_are_configured(client: OpenAI) -> None:
     roots = {m.id: (m.model_extra or {})["root"] for m in client.models.list().data}
     assert roots["tiny"].endswith("build/demo/model")

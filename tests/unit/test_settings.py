@@ -261,6 +261,20 @@ def test_active_adapters_default_to_the_engine_cached_places_and_split_over_work
     assert "maxActiveAdapters must be <= maxCpuLoras" in message
 
 
+def test_more_pinned_config_adapters_than_may_be_pinned_stop_the_start(tmp_path: Path) -> None:
+    """The registry refuses a pin past max_pins; at start that left the server ready without
+    those adapters (a logged error): the config is refused instead, naming the limit."""
+    def pinned(count: int, **lora: Any) -> dict[str, Any]:
+        entries = [{"name": f"p{i}", "path": "/x", "pin": True} for i in range(count)]
+        return {"LoraConfig": {"adapters": entries, **lora}}
+
+    message = load_error(tmp_path, pinned(3, maxLoras=2, maxCpuLoras=4))
+    assert "pins 3 adapters, at most 2 may be pinned" in message
+    assert "pins 4 adapters, at most 3" in load_error(tmp_path, pinned(4, maxLoras=3))
+    settings_from_config(pinned(2, maxLoras=2, maxCpuLoras=4), base_dir=tmp_path)
+    settings_from_config(pinned(5, enabled=False), base_dir=tmp_path)
+
+
 def test_management_key_errors_name_the_management_key(tmp_path: Path) -> None:
     message = load_error(tmp_path, {"ServerConfig": {"managementTlsCert": 5}})
     assert message == (

@@ -28,10 +28,10 @@ def failed(tokens: tuple[int, ...] = ()) -> Any:
                            metrics=None)
 
 
-def folder(structured: StructuredOutput | None) -> EventFolder:
+def folder(structured: StructuredOutput | None, **sampling: Any) -> EventFolder:
     request = GenerationRequest(
         request_id="r", model="", prompt=TextPrompt("a"),
-        sampling=Sampling(max_new_tokens=4, structured=structured),
+        sampling=Sampling(max_new_tokens=4, structured=structured, **sampling),
     )
     return EventFolder(PreparedPrompt(token_ids=[1], text="a"), request, max_tokens=4)
 
@@ -49,3 +49,21 @@ def test_other_engine_failures_stay_engine_errors(
 ) -> None:
     with pytest.raises(EngineError):
         list(folder(structured).fold(failed(tokens)))
+
+
+@pytest.mark.parametrize(
+    ("restriction", "named"),
+    [({"allowed_token_ids": (5,)}, "allowed_token_ids"), ({"bad_words": ("a",)}, "bad_words")],
+)
+def test_a_grammar_rejected_token_under_token_restrictions_is_the_clients_error(
+    restriction: dict[str, Any], named: str
+) -> None:
+    """vLLM's scheduler ends the request when the grammar rejects the sampled token (the token
+    comes with the error): restrictions that leave the constraint no token are a 400, not 500."""
+    regex = StructuredOutput(regex="[a-z]{3}")
+    with pytest.raises(InvalidRequest, match=f"constraint and {named} left no token"):
+        list(folder(regex, **restriction).fold(failed((7,))))
+    with pytest.raises(EngineError):  # the same without a constraint is the engine's
+        list(folder(None, **restriction).fold(failed((7,))))
+    with pytest.raises(EngineError):  # and so is a rejection with no restriction to blame
+        list(folder(regex, min_new_tokens=8, ignore_eos=True).fold(failed((7,))))
