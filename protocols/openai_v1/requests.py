@@ -100,6 +100,8 @@ def completion_requests(
 ) -> list[GenerationRequest]:
     """One completion body → one `GenerationRequest` per prompt (default max tokens 16)."""
     _check_common(body, bounds)
+    if body.stream and body.use_beam_search:  # vLLM's completions refuse it; its chat streams
+        raise InvalidRequest("Streaming is not currently supported with beam search")
     refuse_unserved(body.model_extra or {}, unserved.COMPLETION)
     if body.suffix is not None:
         raise Unsupported("suffix is not supported by this model.", param="suffix")
@@ -237,6 +239,8 @@ def to_sampling(
         thinking_token_budget=_budget(body.thinking_token_budget),
         truncate_prompt_tokens=body.truncate_prompt_tokens,
         structured=to_structured(body),
+        beam_search=body.use_beam_search,
+        length_penalty=body.length_penalty,
     )
 
 
@@ -328,8 +332,11 @@ def _check_common(body: schema.SamplingFields, bounds: RequestBounds) -> None:
         )
     if body.n > bounds.max_n:
         raise InvalidRequest(f"n must be at most {bounds.max_n}, got {body.n}.", param="n")
-    if body.use_beam_search:
-        raise Unsupported("Beam search is not supported by this server.", param="use_beam_search")
+    if body.use_beam_search and 2 * body.n > bounds.max_logprobs:  # each step asks 2 × n
+        raise InvalidRequest(
+            f"Requested sample logprobs of {2 * body.n}, which is greater than max allowed: "
+            f"{bounds.max_logprobs}", param="logprobs",
+        )
     _check_best_of(body, bounds)
     prompt_logprobs(body, bounds)
 

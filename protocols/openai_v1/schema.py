@@ -63,6 +63,7 @@ class SamplingFields(_Wire):
     echo: bool | None = False
     return_token_ids: bool | None = False
     use_beam_search: bool = False
+    length_penalty: float = 1.0  # beam search: score = cumulative logprob / length ** this
     prompt_logprobs: int | None = None
     # LoRAX's per-request composition (model = the base model); checked by
     # server.core.composition.merge_from_wire

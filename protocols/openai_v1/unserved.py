@@ -21,7 +21,6 @@ _COMMON: Neutral = {
 }
 COMPLETION: Neutral = {
     **_COMMON,
-    "length_penalty": (None, 1.0),  # beam search only, which is refused
     "logprob_token_ids": (None,),
     "repetition_detection": (None,),
     "return_tokens_as_token_ids": (None, False),

@@ -407,6 +407,7 @@ def _span(name: str, meta: object) -> tuple[int, int]:
 # The files vLLM's LoRA loader reads: an adapter is these bytes, whatever its name or folder.
 CONTENT_FILES = (CONFIG_FILE, WEIGHTS_FILE, "new_embeddings.safetensors")
 _CHUNK = 1 << 20
+READ_ATTEMPTS = 3  # reads of files that change meanwhile before they are refused
 Fingerprint = tuple[tuple[str, int, int, int], ...]
 
 
@@ -422,10 +423,26 @@ class AdapterFiles:
 
 def inspect_adapter(src: object, rules: AdapterRules) -> AdapterFiles:
     """Resolve, validate and digest an adapter source (reads every content file: call it off
-    the event loop)."""
+    the event loop).
+
+    Files written in place while they are read (a trainer saving into the served folder,
+    `rsync --inplace`) can be a valid adapter with part old, part new weights at every
+    moment: the read counts only if the files' fingerprint is the same before and after it,
+    and the fingerprint kept is the one from before, so a write that ends later is a change
+    the next use sees. A read that keeps overlapping writes is refused (the files are not one
+    adapter yet). A writer pausing between parts of a file is not seen: each pause leaves a
+    valid adapter on disk (README: rename a new file into place instead)."""
     path = resolve_source(src, rules)
-    rank = validate_adapter_dir(path, rules)
-    return AdapterFiles(path, rank, content_digest(path), fingerprint(path))
+    for _ in range(READ_ATTEMPTS):
+        before = fingerprint(path)
+        rank = validate_adapter_dir(path, rules)
+        digest = content_digest(path)
+        if fingerprint(path) == before:
+            return AdapterFiles(path, rank, digest, before)
+    raise AdapterInvalid(
+        f"Adapter {path.name!r} kept changing while its files were read: try again once "
+        "they are written"
+    )
 
 
 def fingerprint(path: Path) -> Fingerprint:

@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from server.core.adapter_catalog import AdapterCatalog
-from server.core.adapter_files import AdapterFiles, fingerprint
+from server.core.adapter_files import READ_ATTEMPTS, AdapterFiles, fingerprint
 from server.core.adapter_records import AdapterLimits, AdapterRecord
 from server.core.adapter_sources import AdapterSources
 from server.core.engine import Engine
-from server.core.errors import AdapterNotFound, GatewayError, Overloaded
+from server.core.errors import AdapterInvalid, AdapterNotFound, GatewayError, Overloaded
 from server.core.types import AdapterHandle
 
 logger = logging.getLogger("gateway.adapters")
@@ -156,15 +156,34 @@ class AdapterResidency:
             self._evict(victim)
         started = time.perf_counter()
         try:
-            await self._engine.add_adapter(
-                record.handle, evicting=None if victim is None else victim.handle
-            )
+            await self._add_as_inspected(record, None if victim is None else victim.handle)
         except GatewayError:
             record.load_failures += 1
             raise
         record.resident = True
         record.count_load(time.perf_counter() - started, cold=cold)
         return True
+
+    async def _add_as_inspected(
+        self, record: AdapterRecord, evicting: AdapterHandle | None
+    ) -> None:
+        """Under the lock: let the engine load `record`'s files, which must still be the ones
+        inspected when the engine has read them (else it may hold other weights, or a mix of
+        two versions, under this identity): loaded again from a new inspection if they
+        changed, refused if they keep changing."""
+        for _ in range(READ_ATTEMPTS):
+            await self._engine.add_adapter(record.handle, evicting=evicting)
+            evicting = None
+            if fingerprint(Path(record.handle.path)) == record.fingerprint:
+                return
+            await self._engine.remove_adapter(record.handle)  # no request has it yet
+            await self._rebind_if_changed(record, None)
+            if record.handle.int_id in self._resident_ids():
+                return  # the new contents are in the engine under another record already
+        raise AdapterInvalid(
+            f"Adapter {record.name} kept changing while the engine read its files: try again "
+            "once they are written"
+        )
 
     async def _rebind_if_changed(self, record: AdapterRecord, files: AdapterFiles | None) -> None:
         """Under the lock, before the engine reads a record that is not in it: if its files

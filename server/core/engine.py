@@ -85,6 +85,9 @@ class Engine(Protocol):
     def token_texts(self, token_ids: list[int]) -> list[str]:
         """Text of each token id on its own (for TGI /tokenize and MindIE /v1/tokenizer)."""
 
+    async def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool) -> str:
+        """The text of a sequence of token ids, as the tokenizer decodes it whole."""
+
     def output_parser(self, spec: ParseSpec) -> OutputParser | None:
         """A parser for one choice's answer, or None when no configured parser applies (no
         reasoning parser, and no tool-call parser or no `auto_tools`)."""

@@ -19,6 +19,7 @@ from functools import partial
 from server.core.adapters import AdapterRegistry
 from server.core.admission import Admission, Limits
 from server.core.batch import BatchStream
+from server.core.beam_search import BeamSearch
 from server.core.collect import collect
 from server.core.engine import Engine, OutputParser
 from server.core.errors import (
@@ -284,12 +285,18 @@ class InferenceService:
         if adapter is not None:
             request = replaced(request, adapter=adapter.name)
         engine_id = f"{request.request_id}-{next(self._ids)}"
+        if request.sampling.beam_search:
+            search = BeamSearch(self._engine, request, engine_id, adapter)
+            events, abort = search.events(), search.abort
+        else:
+            events = self._engine.generate(request, engine_id, adapter)
+            abort = partial(self._engine.abort, engine_id)
         stream = EventStream(
             request,
-            self._engine.generate(request, engine_id, adapter),
+            events,
             engine_id=engine_id,
             adapter=adapter,
-            abort=partial(self._engine.abort, engine_id),
+            abort=abort,
             observer=self.observer,
             on_close=partial(self._closed, key),
         )

@@ -64,6 +64,10 @@ class Sampling:
     thinking_token_budget: int | None = None  # reasoning tokens before `</think>` is forced
     truncate_prompt_tokens: int | None = None
     structured: StructuredOutput | None = None
+    # vLLM's beam search (server/core/beam_search.py): `n` beams, ranked by the cumulative
+    # logprob over the sequence's length to the power `length_penalty`
+    beam_search: bool = False
+    length_penalty: float = 1.0
     budget: BudgetPolicy = REFUSE  # the protocol's prompt budget rules and words (core/budget.py)
 
 

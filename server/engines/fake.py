@@ -21,7 +21,7 @@ import os
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Generator
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Sequence
 from dataclasses import dataclass, field, replace
 
 from server.core.engine import fit_prompt
@@ -257,6 +257,11 @@ class FakeEngine:
 
     def token_texts(self, token_ids: list[int]) -> list[str]:
         return [f"t{t}" for t in token_ids]
+
+    async def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool) -> str:
+        eos = self._info.eos_token_id
+        kept = [t for t in token_ids if not (skip_special_tokens and t == eos)]
+        return " ".join(self.token_texts(kept))
 
     def info(self) -> EngineInfo:
         return self._info

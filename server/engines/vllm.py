@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -110,7 +110,7 @@ class VllmEngine:
             self._tokenizer, max(self._info.vocab_size, self._tokenizer.max_token_id + 1)
         )
         self._lora_enabled = llm.vllm_config.lora_config is not None
-        self._in_engine: dict[str, int] = {}  # this front end's requests per adapter name
+        self._in_engine: dict[AdapterHandle, int] = {}  # this front end's requests per adapter
         self._prompt_logprobs_unsafe = (
             self._lora_enabled and llm.vllm_config.device_config.device_type == "cpu"
         )
@@ -173,11 +173,11 @@ class VllmEngine:
     def _count_adapter(self, adapter: AdapterHandle | None, change: int) -> None:
         if adapter is None:
             return
-        count = self._in_engine.get(adapter.name, 0) + change
+        count = self._in_engine.get(adapter, 0) + change
         if count > 0:
-            self._in_engine[adapter.name] = count
+            self._in_engine[adapter] = count
         else:
-            self._in_engine.pop(adapter.name, None)
+            self._in_engine.pop(adapter, None)
 
     async def abort(self, engine_request_id: str) -> None:
         try:
@@ -211,7 +211,8 @@ class VllmEngine:
         from vllm.lora.request import LoRARequest
 
         return LoRARequest(
-            lora_name=adapter.name, lora_int_id=adapter.int_id, lora_path=adapter.path
+            lora_name=engine_lora_name(adapter), lora_int_id=adapter.int_id,
+            lora_path=adapter.path,
         )
 
     # -- adapters --------------------------------------------------------------------------
@@ -286,6 +287,9 @@ class VllmEngine:
     def token_texts(self, token_ids: list[int]) -> list[str]:
         return self._prompts.token_texts(token_ids)
 
+    async def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool) -> str:
+        return await self._prompts.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
     # -- state -----------------------------------------------------------------------------
 
     def info(self) -> EngineInfo:
@@ -315,13 +319,7 @@ class VllmEngine:
         known to it only as submitted: waiting). vLLM's `vllm:lora_requests_info` reads the
         same states but lists every adapter in both of its labels (vllm #54830)."""
         states = getattr(getattr(self._llm, "output_processor", None), "lora_states", None)
-        known = getattr(states, "requests", {})
-        loads = {}
-        for name, submitted in self._in_engine.items():
-            state = known.get(name)
-            running = min(submitted, len(state.running)) if state is not None else 0
-            loads[name] = AdapterLoad(running=running, waiting=submitted - running)
-        return loads
+        return adapter_loads(self._in_engine, getattr(states, "requests", {}))
 
     async def check_health(self) -> None:
         if self._closed:
@@ -343,3 +341,30 @@ class VllmEngine:
             return await awaitable
         except Exception as exc:
             raise to_gateway_error(exc) from exc
+
+
+def engine_lora_name(adapter: AdapterHandle) -> str:
+    """The name vLLM knows one engine identity of `adapter` by: the adapter's name and its int
+    id. vLLM tells `LoRARequest`s apart by name alone (its `__eq__` and `__hash__`), and its
+    worker takes the set of a step's requests to choose which adapters to load into the
+    step's slots: two ids under one name in a step (requests on the old and the new weights
+    after an update or a change of the files on disk) became one, the other id was never put
+    in a slot, and the step raised `KeyError` in `convert_mapping`, killing the engine core.
+    The name also keys vLLM's prefix cache (with the path, which files changed in place keep;
+    vllm #27211, #30931), so cached blocks of the old weights are not reused for the new
+    ones."""
+    return f"{adapter.name}/{adapter.int_id}"
+
+
+def adapter_loads(in_engine: dict[AdapterHandle, int], known: Any) -> dict[str, AdapterLoad]:
+    """Requests per adapter name: `in_engine` submitted per engine identity, running as many
+    as vLLM's request states (`known`, by engine name) say run (every other one is waiting)."""
+    loads: dict[str, AdapterLoad] = {}
+    for adapter, submitted in in_engine.items():
+        state = known.get(engine_lora_name(adapter))
+        running = min(submitted, len(state.running)) if state is not None else 0
+        before = loads.get(adapter.name, AdapterLoad(running=0, waiting=0))
+        loads[adapter.name] = AdapterLoad(
+            running=before.running + running, waiting=before.waiting + submitted - running
+        )
+    return loads

@@ -8,6 +8,7 @@ import asyncio
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from server.core.errors import InvalidRequest
@@ -65,6 +66,10 @@ class PromptRenderer:
 
     def token_texts(self, token_ids: list[int]) -> list[str]:
         return [self._tokenizer.decode([token_id]) for token_id in token_ids]
+
+    async def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool) -> str:
+        decode = partial(self._tokenizer.decode, skip_special_tokens=skip_special_tokens)
+        return await _off_loop(len(token_ids), decode, list(token_ids))
 
     def _render_chat(self, prompt: ChatPrompt) -> str:
         messages: list[Any] = [_chat_message(m) for m in prompt.messages]

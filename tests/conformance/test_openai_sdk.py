@@ -566,6 +566,34 @@ def test_token_restrictions_that_leave_the_constraint_no_token_are_a_400(
     assert_serving(client)
 
 
+def test_beam_search_on_the_base_model_and_an_adapter(client: OpenAI) -> None:
+    """vLLM's beam search: `n` distinct beams, the same each time, best first (with
+    `ignore_eos` every beam has the same length, so best first is by summed logprob)."""
+    beams = {"use_beam_search": True, "return_token_ids": True}
+    for model in ("tiny", "a1"):
+        first = complete(client, model, prompt="The capital of", max_tokens=4, n=3,
+                         extra_body=beams)
+        again = complete(client, model, prompt="The capital of", max_tokens=4, n=3,
+                         extra_body=beams)
+        ids = [tuple((c.model_extra or {})["token_ids"]) for c in first.choices]
+        assert len(ids) == 3 and len(set(ids)) == 3
+        assert ids == [tuple((c.model_extra or {})["token_ids"]) for c in again.choices]
+        assert first.usage is not None and first.usage.completion_tokens == sum(map(len, ids))
+        ranked = complete(client, model, prompt="The capital of", max_tokens=4, n=3, logprobs=1,
+                          extra_body={"use_beam_search": True, "ignore_eos": True})
+        sums = [sum(c.logprobs.token_logprobs) for c in ranked.choices]
+        assert sums == sorted(sums, reverse=True)
+    chat = client.chat.completions.create(
+        model="a2", messages=[{"role": "user", "content": "Hello"}], max_tokens=4, n=2,
+        extra_body={"use_beam_search": True},
+    )
+    assert [c.index for c in chat.choices] == [0, 1]
+    assert all(c.finish_reason in ("length", "stop") for c in chat.choices)
+    with pytest.raises(openai.BadRequestError, match="Streaming is not currently supported"):
+        complete(client, prompt="x", max_tokens=2, stream=True, extra_body=beams)
+    assert_serving(client)
+
+
 def test_models_list_shows_paths_like_vllm_when_no_keys_are_configured(client: OpenAI) -> None:
     roots = {m.id: (m.model_extra or {})["root"] for m in client.models.list().data}
     assert roots["tiny"].endswith("build/demo/model")

@@ -69,8 +69,9 @@ def fetch_document(server: RunningServer, listener: str) -> dict[str, Any]:
     return document
 
 
-# Fields that (almost) always make a request a 400 here; dropped from the live run's schema so
-# that more cases reach the engine (the fake-engine run still fuzzes them, negative mode too).
+# Fields that (almost) always make a request a 400 here, or (beam search) a long one; dropped
+# from the live run's schema so that more cases reach the engine (the fake-engine run still
+# fuzzes them, negative mode too).
 ALWAYS_REFUSED = {"chat_template", "prompt_embeds", "tools", "tool_choice", "logit_bias",
                   "bad_words", "allowed_token_ids", "typical_p", "num_beams", "use_beam_search",
                   "length_penalty", "early_stopping"}

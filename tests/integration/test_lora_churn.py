@@ -5,6 +5,9 @@
 - A pinned adapter survives the churn: never evicted, still in the engine, still correct.
 - Unregistering an adapter with a request in flight lets the request finish, then frees it.
 - Registering and unregistering while traffic flows loses no request and corrupts no state.
+- An adapter's weights changed in place as fast as the management API allows (vLLM's
+  `load_inplace` and DJL's update, alternately) while requests on it flow: the engine lives on
+  and every answer comes from one whole version of the weights.
 Every adapter this module registers is named `churn-*` and unregistered again.
 """
 
@@ -213,3 +216,61 @@ async def test_register_and_unregister_while_traffic_flows_lose_nothing(
     for name in stable:
         response = await data.post("/invocations", json=body(name))
         assert response.json()["generated_text"] == alone[name]
+
+
+async def test_weights_changed_in_place_at_full_speed_keep_the_engine_alive(
+    live_server: RunningServer, data: httpx.AsyncClient, alone: dict[str, str],
+) -> None:
+    """Every change gives the adapter a new engine identity while requests of the old one still
+    run: a step then holds two ids under one name, which vLLM's worker once took for one adapter
+    (it killed the engine within seconds, with changes 0.02 s apart)."""
+    name, versions, changes = "churn-hot", CHURN, 200
+    statuses: list[int] = []
+    wrong: list[str] = []
+    expected = {alone[v] for v in versions}
+    stop = asyncio.Event()
+
+    def src(index: int) -> str:
+        return str(DEMO / "test-adapters" / versions[index % len(versions)].removeprefix("churn-"))
+
+    async def traffic() -> None:
+        while not stop.is_set():
+            response = await data.post("/invocations", json=body(name))
+            statuses.append(response.status_code)
+            if response.status_code == 200 and response.json()["generated_text"] not in expected:
+                wrong.append(response.text)
+
+    async with async_management_client(live_server, timeout=60) as mgmt:
+        loaded = await mgmt.post("/v1/load_lora_adapter",
+                                 json={"lora_name": name, "lora_path": src(0)})
+        assert loaded.status_code == 200, loaded.text
+
+        async def churn() -> list[int]:
+            answers = []
+            try:
+                for index in range(1, changes + 1):
+                    if index % 2:
+                        response = await mgmt.post("/v1/load_lora_adapter", json={
+                            "lora_name": name, "lora_path": src(index), "load_inplace": True})
+                    else:
+                        response = await mgmt.post(f"/models/tiny/adapters/{name}/update",
+                                                   params={"src": src(index)})
+                    answers.append(response.status_code)
+                    await asyncio.sleep(0.02)
+            finally:
+                stop.set()
+            return answers
+
+        try:
+            answers, *_ = await asyncio.gather(churn(), *(traffic() for _ in range(8)))
+            final = await data.post("/invocations", json=body(name))
+        finally:
+            await mgmt.delete(f"/adapters/{name}")
+    assert answers == [200] * changes
+    assert len(statuses) > 8 and set(statuses) == {200}
+    assert wrong == []
+    assert final.json()["generated_text"] == alone[versions[changes % len(versions)]]
+    assert (await data.get("/health")).status_code == 200
+    for other in ["", "a1"]:  # the engine still answers everything else as before
+        response = await data.post("/invocations", json=body(other))
+        assert response.json()["generated_text"] == alone[other]

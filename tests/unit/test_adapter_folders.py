@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from server.core import adapter_files
 from server.core.adapter_files import AdapterRules
 from server.core.adapter_state import SavedAdapter, StateFileError, read_state
 from server.core.adapters import AdapterLimits, AdapterRegistry
@@ -89,6 +90,65 @@ async def test_files_changed_in_place_are_a_new_identity_on_the_next_request(
     assert after.int_id != before.int_id
     assert after.int_id in engine.adapters
     registry.release(after)
+
+
+def writing_while(
+    monkeypatch: pytest.MonkeyPatch, path: Path, times: int, *, obj: object, name: str
+) -> None:
+    """A writer at work: the weights at `path` change just after each of the first `times`
+    reads by `obj.name` (what was read is the files before the write)."""
+    original = getattr(obj, name)
+    calls = [0]
+
+    def wrote() -> None:
+        calls[0] += 1
+        if calls[0] <= times:
+            change_weights(path)
+
+    def meanwhile(*args: object, **kwargs: object) -> object:
+        result = original(*args, **kwargs)
+        wrote()
+        return result
+
+    async def meanwhile_async(*args: object, **kwargs: object) -> object:
+        result = await original(*args, **kwargs)
+        wrote()
+        return result
+
+    wrapped = meanwhile_async if asyncio.iscoroutinefunction(original) else meanwhile
+    monkeypatch.setattr(obj, name, wrapped)
+
+
+READERS = ["content_digest", "add_adapter"]  # the gateway's validation, the engine's load
+
+
+@pytest.mark.parametrize("reader", READERS)
+async def test_files_written_while_they_are_read_are_read_again(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, reader: str
+) -> None:
+    registry, engine = registry_for(folder)
+    writer_at = adapter_files if reader == "content_digest" else engine
+    writing_while(monkeypatch, folder / "a1", 1, obj=writer_at, name=reader)
+    record = await registry.register("a1", str(folder / "a1"))
+    monkeypatch.undo()
+    # the engine holds the written files under their own identity, and nothing else
+    assert record.digest == adapter_files.content_digest(folder / "a1")
+    assert record.fingerprint == adapter_files.fingerprint(folder / "a1")
+    assert list(engine.adapters) == [record.handle.int_id] and record.resident
+
+
+@pytest.mark.parametrize("reader", READERS)
+async def test_files_that_keep_changing_while_they_are_read_are_refused(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, reader: str
+) -> None:
+    registry, engine = registry_for(folder)
+    await registry.register("a1", str(folder / "a1"), preload=False)
+    change_weights(folder / "a1")
+    writer_at = adapter_files if reader == "content_digest" else engine
+    writing_while(monkeypatch, folder / "a1", 99, obj=writer_at, name=reader)
+    with pytest.raises(AdapterInvalid, match="kept changing"):
+        await registry.acquire("a1")
+    assert engine.adapters == {}
 
 
 # ---- load on first request -------------------------------------------------------------------

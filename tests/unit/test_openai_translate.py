@@ -209,7 +209,7 @@ def test_chat_text_parts_are_joined_and_images_refused() -> None:
             "response_format",
         ),
         ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
-        ({"use_beam_search": True}, "use_beam_search"),
+        ({"use_beam_search": True, "n": 3}, "logprobs"),  # each step would ask 6 of at most 5
     ],
 )
 def test_chat_refusals_name_the_param(fields: dict[str, Any], param: str) -> None:

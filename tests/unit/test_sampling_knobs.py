@@ -63,7 +63,6 @@ async def test_best_of_that_asks_for_nothing_beyond_n_is_served(
     "path,body,param",
     [
         ("/v1/completions", {**COMPLETION, "watermarking": True}, "watermarking"),
-        ("/v1/completions", {**COMPLETION, "length_penalty": 0.5}, "length_penalty"),
         ("/v1/completions", {**COMPLETION, "truncation_side": "right"}, "truncation_side"),
         ("/v1/completions", {**COMPLETION, "vllm_xargs": {"a": 1}}, "vllm_xargs"),
         ("/v1/chat/completions", {**CHAT, "documents": [{"text": "x"}]}, "documents"),
