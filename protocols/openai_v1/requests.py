@@ -102,6 +102,11 @@ def completion_requests(
     _check_common(body, bounds)
     if body.stream and body.use_beam_search:  # vLLM's completions refuse it; its chat streams
         raise InvalidRequest("Streaming is not currently supported with beam search")
+    if body.use_beam_search and body.echo and body.logprobs is not None:
+        raise InvalidRequest(
+            "`echo` with `logprobs` is not supported with beam search because beam search "
+            "does not compute prompt logprobs.", param="echo",
+        )
     refuse_unserved(body.model_extra or {}, unserved.COMPLETION)
     if body.suffix is not None:
         raise Unsupported("suffix is not supported by this model.", param="suffix")

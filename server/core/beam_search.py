@@ -70,9 +70,12 @@ class BeamSearch:
         sampling = request.sampling
         self._width = sampling.n
         self._eos = engine.info().eos_token_id
-        self._step_sampling = Sampling(
-            max_new_tokens=1, temperature=sampling.temperature,
-            truncate_prompt_tokens=sampling.truncate_prompt_tokens, budget=sampling.budget,
+        # the first step renders, truncates and fits the prompt; later steps send the kept
+        # prompt and the beam's tokens whole (a truncation there would slide the window)
+        self._step_sampling = Sampling(max_new_tokens=1, temperature=sampling.temperature)
+        self._first_sampling = replaced(
+            self._step_sampling, truncate_prompt_tokens=sampling.truncate_prompt_tokens,
+            budget=sampling.budget,
         )
         self._step_output = OutputOptions(logprobs=2 * self._width)
 
@@ -83,7 +86,7 @@ class BeamSearch:
 
     async def events(self) -> AsyncGenerator[GenerationEvent, None]:
         # the prompt as the request gave it first: the engine renders and fits it once
-        first, steps = await self._run([self._request.prompt])
+        first, steps = await self._run([self._request.prompt], self._first_sampling)
         assert first is not None
         prompt = first.prompt_token_ids
         budget = fit_prompt(self._request, self._engine.info(), len(prompt))
@@ -105,7 +108,7 @@ class BeamSearch:
         self, prompt: tuple[int, ...], beams: list[_Beam], done: list[_Beam]
     ) -> list[_Beam]:
         prompts = [TokenPrompt(prompt + beam.tokens) for beam in beams]
-        _, steps = await self._run(prompts)
+        _, steps = await self._run(prompts, self._step_sampling)
         return self._next_beams(beams, steps, done)
 
     def _next_beams(
@@ -135,18 +138,27 @@ class BeamSearch:
                      FinishReason.STOP, eos)
 
     async def _run(
-        self, prompts: Sequence[Prompt]
+        self, prompts: Sequence[Prompt], sampling: Sampling
     ) -> tuple[Started | None, list[Candidates | None]]:
         """One single-token engine request per prompt, at once: each one's candidates (None
-        when aborted), and the first one's `Started`."""
-        runs = [self._one(prompt) for prompt in prompts]
-        results = await asyncio.gather(*runs)
+        when aborted), and the first one's `Started`. One failing cancels the others (their
+        engine requests are aborted) before the error goes on."""
+        runs = [asyncio.ensure_future(self._one(prompt, sampling)) for prompt in prompts]
+        try:
+            results = await asyncio.gather(*runs)
+        except BaseException:
+            for run in runs:
+                run.cancel()
+            await asyncio.gather(*runs, return_exceptions=True)
+            raise
         return results[0][0], [candidates for _, candidates in results]
 
-    async def _one(self, prompt: Prompt) -> tuple[Started | None, Candidates | None]:
+    async def _one(
+        self, prompt: Prompt, sampling: Sampling
+    ) -> tuple[Started | None, Candidates | None]:
         engine_request_id = f"{self._engine_id}-beam-{next(self._ids)}"
         request = replaced(
-            self._request, prompt=prompt, sampling=self._step_sampling,
+            self._request, prompt=prompt, sampling=sampling,
             output=self._step_output, stream=False, parse=None,
         )
         started: Started | None = None

@@ -229,7 +229,7 @@ class VllmEngine:
         try:
             loaded = await self._llm.add_lora(lora)
         except Exception as exc:
-            raise adapter_error(exc, adapter) from exc
+            raise adapter_error(exc, adapter, engine_lora_name(adapter)) from exc
         finally:
             if removal is not None:
                 await removal

@@ -42,7 +42,9 @@ def to_gateway_error(exc: Exception) -> GatewayError:
     return EngineError(f"the engine failed: {type(exc).__name__}")
 
 
-def adapter_error(exc: Exception, adapter: AdapterHandle) -> GatewayError:
+def adapter_error(exc: Exception, adapter: AdapterHandle, engine_name: str) -> GatewayError:
+    """The client's error for vLLM refusing `adapter`, which it knows as `engine_name`: the
+    message names the adapter as the client does, not its path or engine name."""
     from vllm.v1.engine.exceptions import EngineDeadError
 
     if isinstance(exc, EngineDeadError):
@@ -53,7 +55,7 @@ def adapter_error(exc: Exception, adapter: AdapterHandle) -> GatewayError:
     cause = match.group("cause") if match else text.removeprefix("Call to add_lora method failed: ")
     if adapter.path:
         cause = cause.replace(adapter.path, f"'{adapter.name}'")
-    return AdapterInvalid(cause, param="model")
+    return AdapterInvalid(cause.replace(engine_name, adapter.name), param="model")
 
 
 def pin_error(exc: Exception, adapter: AdapterHandle) -> GatewayError:

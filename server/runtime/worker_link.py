@@ -277,7 +277,10 @@ class OwnerLink:
                     raise ServiceUnavailable("the adapter registry's owner did not start") from None
                 await asyncio.sleep(0.1)
         self._reader_task = asyncio.create_task(self._read(reader))
-        await self._first_view.wait()
+        try:
+            await asyncio.wait_for(self._first_view.wait(), max(deadline - time.monotonic(), 0))
+        except TimeoutError:
+            raise ServiceUnavailable("the adapter registry's owner sent no view") from None
         if self._version < 0:  # set by `_lose`: the owner left before its first view
             raise ServiceUnavailable("the adapter registry's owner went away while starting")
 

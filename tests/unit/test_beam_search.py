@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from server.core.beam_search import BeamSearch
+from server.core.errors import EngineError
 from server.core.types import (
     Delta,
     Done,
@@ -166,6 +167,8 @@ async def test_the_routes_take_beam_search_as_vllms_server_does() -> None:
         whole = await http.post("/v1/completions", json=completion)
         streamed = await http.post("/v1/completions", json={**completion, "stream": True})
         wide = await http.post("/v1/completions", json={**completion, "n": 11})
+        echoed = await http.post("/v1/completions",
+                                 json={**completion, "echo": True, "logprobs": 1})
         chat_whole = await http.post("/v1/chat/completions", json=chat)
         chat_streamed = await http.post("/v1/chat/completions", json={**chat, "stream": True})
     assert whole.status_code == 200 and whole.json()["choices"][0]["text"]
@@ -174,6 +177,50 @@ async def test_the_routes_take_beam_search_as_vllms_server_does() -> None:
         "Streaming is not currently supported with beam search")
     assert wide.status_code == 400 and wide.json()["error"]["message"] == (
         "Requested sample logprobs of 22, which is greater than max allowed: 20")
+    assert echoed.status_code == 400 and echoed.json()["error"]["param"] == "echo"
     assert chat_whole.status_code == 200
     assert chat_whole.json()["choices"][0]["finish_reason"] == "length"
     assert chat_streamed.status_code == 200 and chat_streamed.text.endswith("data: [DONE]\n\n")
+
+
+@pytest.mark.anyio
+async def test_only_the_first_step_truncates_the_prompt() -> None:
+    """Later steps send the kept prompt and the beam's tokens whole, as vLLM's do: truncating
+    them again would slide the window off the prompt's start."""
+    engine = StubEngine()
+    await search(engine, request(truncate_prompt_tokens=2))
+    assert [r.sampling.truncate_prompt_tokens for r in engine.requests] == [2, None, None]
+
+
+class FailingStep(StubEngine):
+    """Step 2: one beam's request fails at once, the other's would run until stopped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped: list[str] = []
+
+    async def generate(
+        self, request: GenerationRequest, engine_request_id: str, adapter: object
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        assert isinstance(request.prompt, TokenPrompt)
+        if len(request.prompt.token_ids) == len(PROMPT):
+            async for event in super().generate(request, engine_request_id, adapter):
+                yield event
+            return
+        yield Started(prompt_token_ids=request.prompt.token_ids, max_tokens=1)
+        if request.prompt.token_ids[-1] == 5:
+            raise EngineError("the engine failed while generating this request")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.stopped.append(engine_request_id)
+
+
+@pytest.mark.anyio
+async def test_a_failing_step_stops_its_other_requests_before_the_error_goes_on() -> None:
+    engine = FailingStep()
+    with pytest.raises(EngineError):
+        await search(engine, request())
+    assert engine.stopped == ["e-beam-2"]
+    pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert not [t for t in pending if "_one" in repr(t.get_coro())]

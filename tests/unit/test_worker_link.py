@@ -275,3 +275,23 @@ async def test_an_owner_gone_before_its_first_view_fails_the_start(
         await asyncio.wait_for(mirror.link.connect(mirror.show, Peers(), timeout_s=5), 10.0)
     server.close()
     await mirror.link.close()
+
+
+async def test_an_owner_that_sends_no_view_fails_the_start_in_time(
+    root: Path, tmp_path: Path
+) -> None:
+    """Connected but never shown a view, a mirror gives up when its start time is up."""
+    silent: list[asyncio.StreamWriter] = []
+
+    async def hold(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        silent.append(writer)
+
+    path = tmp_path / "silent.sock"
+    server = await asyncio.start_unix_server(hold, str(path))
+    mirror = _mirror(root, path)
+    with pytest.raises(ServiceUnavailable, match="sent no view"):
+        await asyncio.wait_for(mirror.link.connect(mirror.show, Peers(), timeout_s=0.5), 10.0)
+    for writer in silent:
+        writer.close()
+    server.close()
+    await mirror.link.close()
