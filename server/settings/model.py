@@ -173,7 +173,7 @@ class LoraSettings(_Section):
         pins = sum(1 for entry in self.adapters if entry.pin)
         most = AdapterLimits(enabled=True, max_loras=self.max_loras, max_cpu_loras=cached).max_pins
         if self.enabled and pins > most:  # else the start would serve without some of them
-            raise ValueError(f"adapters pins {pins} adapters, at most {most} may be pinned "
+            raise ValueError(f"adapters: {pins} entries are pinned, at most {most} may be "
                              "(at most max_loras, and one place of max_cpu_loras stays unpinned)")
         return self
 

@@ -269,8 +269,8 @@ def test_more_pinned_config_adapters_than_may_be_pinned_stop_the_start(tmp_path:
         return {"LoraConfig": {"adapters": entries, **lora}}
 
     message = load_error(tmp_path, pinned(3, maxLoras=2, maxCpuLoras=4))
-    assert "pins 3 adapters, at most 2 may be pinned" in message
-    assert "pins 4 adapters, at most 3" in load_error(tmp_path, pinned(4, maxLoras=3))
+    assert "adapters: 3 entries are pinned, at most 2 may be" in message
+    assert "4 entries are pinned, at most 3" in load_error(tmp_path, pinned(4, maxLoras=3))
     settings_from_config(pinned(2, maxLoras=2, maxCpuLoras=4), base_dir=tmp_path)
     settings_from_config(pinned(5, enabled=False), base_dir=tmp_path)
 
