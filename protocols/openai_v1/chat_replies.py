@@ -272,7 +272,7 @@ class ChatStreamEncoder:
             choice["stop_reason"] = event.matched_stop
         choice["token_ids"] = list(event.token_ids) if view.return_token_ids else None
         last = event.finish is not None and not view.usage.include
-        return self._out.chunk(choice, self._usage(i), **self._out.closing(last))
+        return self._out.chunk(choice, self._usage(i), last=last)
 
     def _read(self, event: Delta, reader: ChoiceReader | None) -> bytes:
         """A parsed answer: reasoning, content and tool-call pieces as the reader decides them;
@@ -304,15 +304,14 @@ class ChatStreamEncoder:
         choice["finish_reason"] = finish
         choice["stop_reason"] = event.matched_stop
         choice["token_ids"] = list(event.token_ids) if view.return_token_ids else None
-        closing = self._out.closing(not view.usage.include)
-        return out + self._out.chunk(choice, self._usage(i), **closing)
+        return out + self._out.chunk(choice, self._usage(i), last=not view.usage.include)
 
     def _done(self, event: Done) -> bytes:
         if not self._view.usage.include:
             return b""
         usage = event.usage
         totals = stream_usage(usage.prompt_tokens, usage.completion_tokens)
-        return self._out.chunk(None, totals, **self._out.closing(True))
+        return self._out.chunk(None, totals, last=True)
 
 
 def _delta(parsed: ParsedOutput | None) -> JSON:

@@ -265,14 +265,14 @@ class CompletionStreamEncoder:
             "token_ids": list(event.token_ids) if view.return_token_ids else None,
         }
         last = end is not None and not view.usage.include
-        return self._out.chunk(choice, self._usage(i), **self._out.closing(last))
+        return self._out.chunk(choice, self._usage(i), last=last)
 
     def _done(self, event: Done) -> bytes:
         if not self._view.usage.include:
             return b""
         usage = event.usage
         totals = stream_usage(usage.prompt_tokens, usage.completion_tokens)
-        return self._out.chunk(None, totals, **self._out.closing(True))
+        return self._out.chunk(None, totals, last=True)
 
     def _logprobs(self, choice: int, rows: list[LogprobRow]) -> JSON | None:
         if self._view.logprobs is None:

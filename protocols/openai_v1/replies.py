@@ -77,8 +77,8 @@ _TEXT_ONLY_TAIL = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n
 class ChunkWriter:
     """Stream chunks share `id`, `object`, `created`, `model`: serialise that head once. The
     fingerprint goes where each server puts it: for model "tgi" on every chunk after `model`, as
-    TGI's router writes its chunks; otherwise only on the stream's last message (`closing`), as
-    vLLM 0.32 stamps it."""
+    TGI's router writes its chunks; otherwise only on the stream's last message (`chunk(last=
+    True)`), as vLLM 0.32 stamps it."""
 
     def __init__(self, meta: ReplyMeta, obj: str) -> None:
         fields: JSON = {"id": meta.id, "object": obj, "created": meta.created, "model": meta.model}
@@ -102,15 +102,18 @@ class ChunkWriter:
             ))
         return b"".join((head, jsonio.dumps_scalar(text), _TEXT_ONLY_TAIL))
 
-    def closing(self, last: bool) -> JSON:
-        """The extra fields of a chunk that is the stream's `last` message, vLLM's way: a
-        choice's finishing chunk when no usage chunk follows, or the usage chunk."""
-        return self._closing if last else {}
-
-    def chunk(self, choice: JSON | None, usage: JSON | None = None, **extra: Any) -> bytes:
+    def chunk(
+        self, choice: JSON | None, usage: JSON | None = None, *, last: bool = False,
+        **extra: Any,
+    ) -> bytes:
+        """One chunk; `last`: the stream's last message, vLLM's way (a choice's finishing
+        chunk when no usage chunk follows, or the usage chunk), which carries the fingerprint
+        after `usage`."""
         parts = [self._prefix, b"" if choice is None else jsonio.dumps(choice), b"]"]
         if usage is not None:
             parts += [b',"usage":', jsonio.dumps(usage)]
+        if last:
+            extra = {**self._closing, **extra}
         for key, value in extra.items():
             parts += [b',"', key.encode(), b'":', jsonio.dumps(value)]
         parts.append(b"}")

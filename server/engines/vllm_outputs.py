@@ -45,8 +45,8 @@ class EventFolder:
         self._top = request.output.logprobs
         self._prompt_top = request.output.prompt_logprobs
         self._final_only = not request.stream
+        self._sampling = request.sampling
         self._structured = request.sampling.structured is not None
-        self._restrictions = _token_restrictions(request.sampling)
         self._started = False
         self._ended: set[int] = set()
         self._generated = 0
@@ -99,8 +99,10 @@ class EventFolder:
             assert reason is not None
             if reason == "error" and self._structured and not self._generated:
                 raise _uncompiled_constraint()
-            if reason == "error" and self._structured and self._restrictions:
-                raise _no_allowed_token(self._restrictions)
+            if reason == "error" and self._structured:
+                restrictions = _token_restrictions(self._sampling)
+                if restrictions:
+                    raise _no_allowed_token(restrictions)
             finish = _finish_reason(reason)
             self._ended.add(completion.index)
         return Delta(
